@@ -1,0 +1,1 @@
+"""The ``intel_xpu`` LoRA backend (``xpu.py``) and its ``sglang.lora_backends`` registration."""

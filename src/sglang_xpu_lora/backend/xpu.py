@@ -1,0 +1,253 @@
+"""``IntelXpuLoRABackend``: SGLang's Triton LoRA batch bookkeeping, sgl-kernel-xpu LoRA math.
+
+The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is not math:
+``prepare_lora_batch`` (per-request segments for extend, TARGET_VERIFY through
+``spec_info.draft_token_num``, per-slot routing with a permutation for decode), decode and prefill
+graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
+pass routing. It overrides every ``run_*`` method, because the inherited Triton kernels read the
+packed (stride ``r``) LoRA-A layout while this backend's pool is max-rank spaced, and Triton does not
+run on CPU. It does no math itself: each call is routed to one op of the selected provider
+(:mod:`sglang_xpu_lora.providers`).
+
+Routing (``info = self._sgemm_info(...)``):
+
+* ``info.permutation is None`` (extend, TARGET_VERIFY, lm_head, contiguous segments): the prefill
+  ops ``sgemm_lora_a_fwd``, ``sgemm_lora_b_fwd``, ``qkv_lora_b_fwd`` (exactly 3 slices) and
+  ``gate_up_lora_b_fwd``.
+* a permutation (decode, tokens grouped by slot): ``chunked_sgmv_lora_shrink_fwd`` /
+  ``chunked_sgmv_lora_expand_fwd``.
+* ``run_qkv_lora`` with ``n_slices != 3`` (DeepSeek MLA ``fused_qkv_a_proj_with_mqa``: 2, GDN
+  ``in_proj_qkvz``: 4): chunked expand, with ``permutation=None`` for contiguous batches.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+from sglang.srt.lora.utils import LoRABatchInfo
+from sglang.srt.runtime_context import LoRABatchLayout
+
+from sglang_xpu_lora.providers import load_provider
+
+
+class IntelXpuLoRABackend(TritonLoRABackend):
+    """Multi-LoRA backend for Intel XPU (sgl-kernel-xpu ops) with a portable PyTorch fallback.
+
+    Requirements, declared in :data:`sglang_xpu_lora.backend.registration.INTEL_XPU`: device
+    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch``, and the max-rank-spaced, zero-tailed pool
+    layout (stacked A slice ``p`` at row ``p * max_lora_rank``), which the plugin's pool patch
+    provides for managers that use this backend.
+
+    ``supports_dp_attention = False``: with DP attention SGLang routes TP-global sections through
+    token-level global batch infos gathered across DP ranks; SGLang's XPU graph runner does not
+    support DP-attention graphs (it asserts there is no gathered buffer) and that path has not been
+    verified with these kernels, so ``LoRAManager`` rejects ``--enable-dp-attention`` at start-up
+    rather than serving through an unverified route. ``supports_prefill_cuda_graph`` stays True
+    (inherited): every op is capture-safe with the portable provider.
+    """
+
+    name = "intel_xpu"
+    supports_dp_attention = False
+
+    def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
+        super().__init__(max_loras_per_batch, device, **kwargs)
+        #: The op provider (a module with the seven sgl-kernel-xpu op signatures).
+        self.ops = load_provider()
+
+    # --- shrink / expand routing -------------------------------------------------------------
+
+    def _shrink(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int, info: LoRABatchInfo) -> torch.Tensor:
+        """(s, K) x (L, stack_num * R, K) -> (s, stack_num * R)."""
+        if info.permutation is None:
+            return self.ops.sgemm_lora_a_fwd(
+                input_x=x,
+                weights=weights,
+                stack_num=stack_num,
+                seg_indptr=info.seg_indptr,
+                weight_indices=info.weight_indices,
+                lora_ranks=info.lora_ranks,
+            )
+        return self.ops.chunked_sgmv_lora_shrink_fwd(
+            input_x=x,
+            weights=weights,
+            stack_num=stack_num,
+            num_segments=info.num_segments,
+            seg_indptr=info.seg_indptr,
+            weight_indices=info.weight_indices,
+            lora_ranks=info.lora_ranks,
+            permutation=info.permutation[: x.shape[0]],
+        )
+
+    def _chunked_expand(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        slice_offsets: torch.Tensor,
+        max_slice_size: int,
+        num_slices: int,
+        info: LoRABatchInfo,
+        base_output: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        permutation = None if info.permutation is None else info.permutation[: x.shape[0]]
+        return self.ops.chunked_sgmv_lora_expand_fwd(
+            input_x=x,
+            weights=weights,
+            slice_offsets=slice_offsets,
+            max_slice_size=max_slice_size,
+            num_slices=num_slices,
+            num_segments=info.num_segments,
+            seg_indptr=info.seg_indptr,
+            weight_indices=info.weight_indices,
+            lora_ranks=info.lora_ranks,
+            scalings=info.scalings,
+            permutation=permutation,
+            base_output=base_output,
+        )
+
+    @staticmethod
+    def _uniform_offsets(num_slices: int, slice_size: int, device: torch.device) -> torch.Tensor:
+        """``[0, n, 2n, ...]`` built on the device (a kernel, so graph-capture safe)."""
+        return torch.arange(num_slices + 1, dtype=torch.int32, device=device) * slice_size
+
+    # --- SGLang BaseLoRABackend API --------------------------------------------------------
+
+    def run_lora_a_embedding(
+        self,
+        input_ids: torch.Tensor,
+        weights: torch.Tensor,
+        vocab_size: int,
+        extra_embeddings: Optional[torch.Tensor] = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        """LoRA-A embedding lookup. input_ids: (s,); weights: (L, R, vocab) -> (s, R).
+
+        Uses the per-request view (DP-local), or in a prefill graph the fixed 16-token chunk view,
+        as the Triton backend does. ``max_len`` (a host integer that sizes the XPU kernel's grid)
+        comes from capture-safe bounds inside graphs: the captured per-request width for decode
+        and TARGET_VERIFY graphs, the chunk size or the graph's token cap for prefill graphs.
+        """
+        info = self.get_batch_info(LoRABatchLayout.DP_LOCAL)
+        max_len = info.max_len
+        if info is self.prefill_cuda_graph_batch_info:
+            if self.sgemm_batch_info is not None:
+                info = self.sgemm_batch_info
+                max_len = info.max_len
+            else:
+                max_len = self.prefill_cuda_graph_max_tokens
+        return self.ops.embedding_lora_a_fwd(
+            input_ids=input_ids,
+            weights=weights,
+            vocab_size=vocab_size,
+            seg_indptr=info.seg_indptr,
+            weight_indices=info.weight_indices,
+            lora_ranks=info.lora_ranks,
+            extra_embeddings=extra_embeddings,
+            max_len=max_len,
+        )
+
+    def run_lora_a_sgemm(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        pruned_batch_info: Optional[LoRABatchInfo] = None,
+        stack_num: int = 1,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Shrink. x: (s, K); weights: (L, stack_num * R, K) -> (s, stack_num * R), x's dtype."""
+        return self._shrink(x, weights, stack_num, self._sgemm_info(pruned_batch_info))
+
+    def run_lora_b_sgemm(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        base_output: Optional[torch.Tensor] = None,
+        pruned_batch_info: Optional[LoRABatchInfo] = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Expand. x: (s, R); weights: (L, N, R) -> scalings * x @ B^T (+ base_output): (s, N).
+
+        ``output_offset`` / ``output_offset_cpu`` from the layers are not needed: one slice
+        spans all ``N`` output columns.
+        """
+        info = self._sgemm_info(pruned_batch_info)
+        if info.permutation is None:
+            return self.ops.sgemm_lora_b_fwd(
+                input_x=x,
+                weights=weights,
+                seg_indptr=info.seg_indptr,
+                weight_indices=info.weight_indices,
+                lora_ranks=info.lora_ranks,
+                scalings=info.scalings,
+                base_output=base_output,
+            )
+        out_dim = weights.shape[-2]
+        offsets = self._uniform_offsets(1, out_dim, x.device)
+        return self._chunked_expand(x, weights, offsets, out_dim, 1, info, base_output)
+
+    def run_qkv_lora(
+        self,
+        x: torch.Tensor,
+        qkv_lora_a: torch.Tensor,
+        qkv_lora_b: torch.Tensor,
+        output_offset: torch.Tensor,
+        max_qkv_out_dim: int,
+        base_output: Optional[torch.Tensor] = None,
+        n_slices: int = 3,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Stacked projection with ``n_slices`` bands (q/k/v, or 2 and 4 for MLA and GDN).
+
+        x: (s, K); qkv_lora_a: (L, n_slices * R, K); qkv_lora_b: (L, sum of bands, R);
+        output_offset: (n_slices + 1,) device int32 band boundaries; max_qkv_out_dim: widest band.
+        Returns (s, sum of bands).
+        """
+        info = self._sgemm_info()
+        lora_a_output = self._shrink(x, qkv_lora_a, n_slices, info)
+        if info.permutation is None and n_slices == 3:
+            return self.ops.qkv_lora_b_fwd(
+                input_x=lora_a_output,
+                qkv_lora_b=qkv_lora_b,
+                output_offset=output_offset,
+                max_qkv_out_dim=max_qkv_out_dim,
+                seg_indptr=info.seg_indptr,
+                weight_indices=info.weight_indices,
+                lora_ranks=info.lora_ranks,
+                scalings=info.scalings,
+                base_output=base_output,
+            )
+        return self._chunked_expand(
+            lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base_output
+        )
+
+    def run_gate_up_lora(
+        self,
+        x: torch.Tensor,
+        gate_up_lora_a: torch.Tensor,
+        gate_up_lora_b: torch.Tensor,
+        base_output: Optional[torch.Tensor] = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Fused gate/up with two equal bands. x: (s, K); A: (L, 2R, K); B: (L, 2N, R) -> (s, 2N)."""
+        output_dim = gate_up_lora_b.shape[-2] // 2
+        info = self._sgemm_info()
+        lora_a_output = self._shrink(x, gate_up_lora_a, 2, info)
+        if info.permutation is None:
+            return self.ops.gate_up_lora_b_fwd(
+                input_x=lora_a_output,
+                gate_up_lora_b=gate_up_lora_b,
+                output_dim=output_dim,
+                seg_indptr=info.seg_indptr,
+                weight_indices=info.weight_indices,
+                lora_ranks=info.lora_ranks,
+                scalings=info.scalings,
+                base_output=base_output,
+            )
+        offsets = self._uniform_offsets(2, output_dim, x.device)
+        return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base_output)

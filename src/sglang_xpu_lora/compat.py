@@ -1,0 +1,74 @@
+"""Host compatibility: the SGLang versions this plugin is tested with and every symbol it touches.
+
+All version forks go through this module.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import pkgutil
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+#: SGLang releases this plugin is tested against (CI pins 0.5.23).
+SUPPORTED_SGLANG = SpecifierSet(">=0.5.23,<0.5.24")
+
+
+def resolve(target: str) -> Any:
+    """Import a dotted path as ``HookRegistry`` does (``module.attr[.attr...]``).
+
+    Raises:
+        ImportError / AttributeError: if the symbol does not exist in the installed SGLang.
+    """
+    return pkgutil.resolve_name(target)
+
+
+def sglang_version() -> Version | None:
+    """The installed SGLang distribution version, or None when SGLang is not installed."""
+    try:
+        return Version(importlib.metadata.version("sglang"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_host() -> list[str]:
+    """Every reason this host cannot take the plugin, as actionable sentences; empty when it can.
+
+    Checks the SGLang version against :data:`SUPPORTED_SGLANG`, then resolves each symbol of
+    :mod:`sglang_xpu_lora.patches.targets`, its required parameters and its source anchors.
+    """
+    from sglang_xpu_lora.patches import targets
+
+    version = sglang_version()
+    if version is None:
+        return ["SGLang is not installed: install sglang (0.5.23) before sglang-xpu-lora"]
+    if version not in SUPPORTED_SGLANG:
+        return [
+            f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG}: install sglang==0.5.23 "
+            "or a sglang-xpu-lora release that supports this SGLang"
+        ]
+    problems = []
+    for target in targets.ALL:
+        try:
+            resolve(target)
+        except Exception as exc:  # noqa: BLE001 - any failure means the symbol is unusable
+            problems.append(f"SGLang {version} has no {target} ({type(exc).__name__}: {exc})")
+    for target, names in targets.REQUIRED_PARAMETERS.items():
+        try:
+            params = inspect.signature(resolve(target)).parameters
+        except Exception:  # noqa: BLE001 - already reported above
+            continue
+        missing = [n for n in names if n not in params]
+        if missing:
+            problems.append(f"SGLang {version}: {target} lacks parameter(s) {', '.join(missing)}")
+    for target, anchor, why in targets.REQUIRED_SOURCE:
+        try:
+            source = inspect.getsource(resolve(target))
+        except Exception:  # noqa: BLE001 - already reported above
+            continue
+        if anchor not in source:
+            problems.append(f"SGLang {version}: {target} no longer contains {anchor!r} ({why})")
+    return problems

@@ -1,0 +1,86 @@
+"""Every SGLang symbol sglang-xpu-lora imports, patches or relies on, spelled once.
+
+:func:`sglang_xpu_lora.compat.check_host` resolves each entry (and the parameters listed in
+:data:`REQUIRED_PARAMETERS`) against the installed SGLang before anything is registered, so a moved
+symbol is reported by name instead of failing deep inside a hook.
+"""
+
+from __future__ import annotations
+
+# Registries and CLI.
+LORA_BACKEND_REGISTRY = "sglang.srt.lora.backend.lora_registry.LORA_SUPPORTED_BACKENDS"
+REGISTER_LORA_BACKEND = "sglang.srt.lora.backend.lora_registry.register_lora_backend"
+SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+SERVER_ARGS_FIELD_ARG = "sglang.srt.arg_groups.arg_utils.Arg"
+
+# Hook targets (HookRegistry paths).
+CHECK_LORA_SERVER_ARGS = "sglang.srt.arg_groups.lora_hook.check_lora_server_args"
+RESOLVING_VIEW = "sglang.srt.arg_groups.overrides.resolving_view"
+LORA_MANAGER_INIT_MEMORY_POOL = "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"
+POOL_LOAD_WEIGHTS = "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"
+POOL_CLEAR_SLOT = "sglang.srt.lora.mem_pool.LoRAMemoryPool._clear_buffer_slot_for_base"
+POOL_IS_MOE_MODULE = "sglang.srt.lora.mem_pool.LoRAMemoryPool.is_moe_module"
+GET_STACKED_MULTIPLY = "sglang.srt.lora.utils.get_stacked_multiply"
+
+# The parent backend and what it reuses.
+TRITON_BACKEND = "sglang.srt.lora.backend.triton_backend.TritonLoRABackend"
+TRITON_PREPARE_LORA_BATCH = TRITON_BACKEND + ".prepare_lora_batch"
+TRITON_SGEMM_INFO = TRITON_BACKEND + "._sgemm_info"
+TRITON_INIT_PREFILL_GRAPH_INFO = TRITON_BACKEND + ".init_prefill_cuda_graph_batch_info"
+TRITON_INIT_DECODE_GRAPH_INFO = TRITON_BACKEND + ".init_decode_cuda_graph_batch_info"
+LORA_BATCH_INFO = "sglang.srt.lora.utils.LoRABatchInfo"
+LORA_BATCH_LAYOUT = "sglang.srt.runtime_context.LoRABatchLayout"
+PREFILL_GRAPH_RUNNER_INIT = (
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.__init__"
+)
+
+# Plugin machinery.
+HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
+HOOK_TYPE = "sglang.srt.plugins.hook_registry.HookType"
+
+ALL = (
+    LORA_BACKEND_REGISTRY,
+    REGISTER_LORA_BACKEND,
+    SERVER_ARGS,
+    SERVER_ARGS_FIELD_ARG,
+    CHECK_LORA_SERVER_ARGS,
+    RESOLVING_VIEW,
+    LORA_MANAGER_INIT_MEMORY_POOL,
+    POOL_LOAD_WEIGHTS,
+    POOL_CLEAR_SLOT,
+    POOL_IS_MOE_MODULE,
+    GET_STACKED_MULTIPLY,
+    TRITON_BACKEND,
+    TRITON_PREPARE_LORA_BATCH,
+    TRITON_SGEMM_INFO,
+    TRITON_INIT_PREFILL_GRAPH_INFO,
+    TRITON_INIT_DECODE_GRAPH_INFO,
+    LORA_BATCH_INFO,
+    LORA_BATCH_LAYOUT,
+    PREFILL_GRAPH_RUNNER_INIT,
+    HOOK_REGISTRY,
+    HOOK_TYPE,
+)
+
+#: Callables whose parameters the plugin passes or receives by name.
+REQUIRED_PARAMETERS = {
+    POOL_LOAD_WEIGHTS: ("uid", "buffer_id", "lora_adapter"),
+    TRITON_INIT_PREFILL_GRAPH_INFO: ("max_num_tokens", "max_num_requests"),
+    TRITON_INIT_DECODE_GRAPH_INFO: ("max_bs_in_cuda_graph", "num_tokens_per_req"),
+    TRITON_PREPARE_LORA_BATCH: ("forward_batch", "weight_indices", "lora_ranks", "scalings", "use_prefill_cuda_graph"),
+    TRITON_SGEMM_INFO: ("pruned_batch_info",),
+}
+
+#: Source anchors: (callable, text its source must contain, why the plugin depends on it).
+REQUIRED_SOURCE = (
+    (
+        PREFILL_GRAPH_RUNNER_INIT,
+        "max_num_requests=",
+        "prefill graph batch info must be sized by max_num_requests (no sizing patch is applied)",
+    ),
+    (
+        POOL_LOAD_WEIGHTS,
+        "target_buffer[buffer_id, : lora_rank * c, :]",
+        "the pool patch re-spaces stacked LoRA-A that SGLang writes packed at stride r",
+    ),
+)

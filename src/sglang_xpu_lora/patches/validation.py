@@ -1,0 +1,41 @@
+"""Target: sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER)
+Why: a backend that needs a device (``intel_xpu`` needs ``xpu``) must fail at argument validation
+    with a message naming both flags, like SGLang's ``--sampling-backend intel_xpu`` check
+    (``validate_device_sampling_backend``), not deep inside a kernel later.
+How: an AFTER hook; it runs after resolution, so an auto-detected device is already filled in.
+    ``check_server_args`` imports ``check_lora_server_args`` inside the function, so the patched
+    module attribute is what it calls.
+Checked against: SGLang 0.5.23.
+Remove when: SGLang lets LoRA backends validate their own arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_xpu_lora.compat import resolve
+from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.registry import LoRABackendRegistry
+
+
+def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> None:
+    """Raise ``ValueError`` when the chosen plugin backend cannot run on the resolved device."""
+    cfg = resolve(targets.RESOLVING_VIEW)(server_args)
+    if not cfg.enable_lora:
+        return
+    spec = registry.get(cfg.lora_backend)
+    if spec is None:
+        return
+    error = spec.device_error(cfg.device)
+    if error:
+        raise ValueError(error)
+
+
+def apply(registry: LoRABackendRegistry) -> None:
+    hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
+
+    def after_check_lora_server_args(result, server_args, *args, **kwargs):
+        check_backend_device(registry, server_args)
+        return result
+
+    hook_registry.register(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, hook_type.AFTER)

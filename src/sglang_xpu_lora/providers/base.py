@@ -1,0 +1,133 @@
+"""The op interface shared by every provider: the seven sgl-kernel-xpu LoRA ops.
+
+Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/sgl_kernel/lora.py``
+(see ``shared/research/sgl-kernel-xpu-ops-and-plugin-conventions.md`` section 1). Common contract:
+
+* ``seg_indptr``: ``(num_segments + 1,)`` int32, token-row boundaries, ``seg_indptr[0] == 0``,
+  non-decreasing; empty segments are allowed. Rows at or past ``seg_indptr[-1]`` belong to no
+  segment and receive no LoRA contribution.
+* ``weight_indices``: ``(num_segments,)`` int32, the pool slot of each segment.
+* ``lora_ranks``: ``(max_loras,)``, the rank of each slot. The GEMM ops contract over the full
+  ``max_rank`` and do **not** read it (the caller must keep rank tails zero: A rows and B columns
+  at or past the adapter's rank); only the embedding op masks the rank tail.
+* ``scalings``: ``(max_loras,)`` float32, ``lora_alpha / r`` per slot, applied in the B (expand) stage.
+* ``permutation`` (chunked ops): ``(num_tokens,)`` int32 logical-to-physical row map; segments then
+  describe logical order. ``None`` means segments are in physical row order.
+* Stacked A weights hold slice ``p`` at rows ``[p * max_rank, (p + 1) * max_rank)``; the
+  intermediate ``x`` of a B op holds slice ``p`` at columns ``[p * max_rank, (p + 1) * max_rank)``.
+* Results are new tensors; ``base_output`` is read, never written.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+#: The op names every provider exports, in the order the sgl-kernel-xpu builds added them.
+OP_NAMES = (
+    "embedding_lora_a_fwd",
+    "sgemm_lora_a_fwd",
+    "sgemm_lora_b_fwd",
+    "qkv_lora_b_fwd",
+    "gate_up_lora_b_fwd",
+    "chunked_sgmv_lora_shrink_fwd",
+    "chunked_sgmv_lora_expand_fwd",
+)
+
+
+class LoRAOpsProvider(Protocol):
+    """A module or object that exports the seven LoRA ops with these exact signatures."""
+
+    name: str
+
+    def embedding_lora_a_fwd(
+        self,
+        input_ids: torch.Tensor,
+        weights: torch.Tensor,
+        vocab_size: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        extra_embeddings: Optional[torch.Tensor] = None,
+        seg_lens: Optional[torch.Tensor] = None,
+        max_len: Optional[int] = None,
+    ) -> torch.Tensor: ...
+
+    def sgemm_lora_a_fwd(
+        self,
+        input_x: torch.Tensor,
+        weights: torch.Tensor,
+        stack_num: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        seg_lens: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
+
+    def sgemm_lora_b_fwd(
+        self,
+        input_x: torch.Tensor,
+        weights: torch.Tensor,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        scalings: torch.Tensor,
+        seg_lens: Optional[torch.Tensor] = None,
+        base_output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
+
+    def qkv_lora_b_fwd(
+        self,
+        input_x: torch.Tensor,
+        qkv_lora_b: torch.Tensor,
+        output_offset: torch.Tensor,
+        max_qkv_out_dim: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        scalings: torch.Tensor,
+        seg_lens: Optional[torch.Tensor] = None,
+        base_output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
+
+    def gate_up_lora_b_fwd(
+        self,
+        input_x: torch.Tensor,
+        gate_up_lora_b: torch.Tensor,
+        output_dim: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        scalings: torch.Tensor,
+        seg_lens: Optional[torch.Tensor] = None,
+        base_output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
+
+    def chunked_sgmv_lora_shrink_fwd(
+        self,
+        input_x: torch.Tensor,
+        weights: torch.Tensor,
+        stack_num: int,
+        num_segments: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        permutation: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
+
+    def chunked_sgmv_lora_expand_fwd(
+        self,
+        input_x: torch.Tensor,
+        weights: torch.Tensor,
+        slice_offsets: torch.Tensor,
+        max_slice_size: int,
+        num_slices: int,
+        num_segments: int,
+        seg_indptr: torch.Tensor,
+        weight_indices: torch.Tensor,
+        lora_ranks: torch.Tensor,
+        scalings: torch.Tensor,
+        permutation: Optional[torch.Tensor] = None,
+        base_output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...

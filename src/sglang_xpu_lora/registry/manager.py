@@ -1,0 +1,107 @@
+"""Discovery of LoRA backends from the ``sglang.lora_backends`` entry-point group (pluggy)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from typing import Optional
+
+import pluggy
+
+from sglang_xpu_lora.registry import hookspecs
+from sglang_xpu_lora.registry.spec import LoRABackendSpec
+
+ENTRY_POINT_GROUP = "sglang.lora_backends"
+
+
+class DuplicateBackendError(ValueError):
+    """Two plugins declared the same backend name; ``names`` holds the plugin names."""
+
+    def __init__(self, backend: str, names: tuple[str, str]):
+        super().__init__(f"LoRA backend {backend!r} is declared by both {names[0]!r} and {names[1]!r}")
+        self.backend = backend
+        self.names = names
+
+
+class LoRABackendRegistry:
+    """Backends declared through ``sglang.lora_backends``, by name.
+
+    Entry points are loaded one by one: a plugin that fails to import is reported on stderr with its
+    entry-point name and skipped, and the others still register.
+    """
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._name2spec: dict[str, LoRABackendSpec] = {}
+        self._name2owner: dict[str, str] = {}
+        self._class2spec: dict[type, LoRABackendSpec] = {}
+        self.load_errors: dict[str, str] = {}
+
+    def register_plugin(self, plugin: object, name: str) -> None:
+        """Register one plugin object (module or instance with ``@hookimpl`` functions).
+
+        Raises:
+            DuplicateBackendError: if it declares a backend name another plugin already declared.
+            TypeError: if its hook returns something other than ``LoRABackendSpec`` objects.
+        """
+        self._pm.register(plugin, name=name)
+        try:
+            specs = self._specs_of(name)
+            for spec in specs:
+                if spec.name in self._name2owner:
+                    raise DuplicateBackendError(spec.name, (self._name2owner[spec.name], name))
+        except Exception:
+            self._pm.unregister(name=name)
+            raise
+        for spec in specs:
+            self._name2spec[spec.name] = spec
+            self._name2owner[spec.name] = name
+
+    def _specs_of(self, plugin_name: str) -> list[LoRABackendSpec]:
+        specs: list[LoRABackendSpec] = []
+        for impl in self._pm.hook.sglang_lora_backends.get_hookimpls():
+            if impl.plugin_name == plugin_name:
+                specs.extend(impl.function())
+        for spec in specs:
+            if not isinstance(spec, LoRABackendSpec):
+                raise TypeError(f"plugin {plugin_name!r} returned {spec!r}, not a LoRABackendSpec")
+        return specs
+
+    def load_entrypoints(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Load every entry point of ``group`` not yet registered."""
+        for ep in importlib.metadata.entry_points(group=group):
+            if self._pm.has_plugin(ep.name):
+                continue
+            try:
+                self.register_plugin(ep.load(), ep.name)
+            except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the others
+                self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+                print(
+                    f"[sglang-xpu-lora] skipped LoRA backend plugin {ep.name!r} ({ep.value}): "
+                    f"{type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                )
+
+    def specs(self) -> dict[str, LoRABackendSpec]:
+        """Every registered backend, by ``--lora-backend`` name."""
+        return dict(self._name2spec)
+
+    def get(self, name: str) -> Optional[LoRABackendSpec]:
+        """The spec registered under ``name``, or None (e.g. for SGLang's built-in backends)."""
+        return self._name2spec.get(name)
+
+    def resolve_class(self, name: str) -> type:
+        """Call the spec's factory and remember which class belongs to which spec.
+
+        Raises:
+            KeyError: if ``name`` is not registered here.
+        """
+        spec = self._name2spec[name]
+        cls = spec.factory()
+        self._class2spec[cls] = spec
+        return cls
+
+    def spec_for_backend(self, backend: object) -> Optional[LoRABackendSpec]:
+        """The spec whose factory produced ``type(backend)``, or None."""
+        return self._class2spec.get(type(backend))

@@ -1,0 +1,45 @@
+"""What a LoRA backend declares about itself when it joins through ``sglang.lora_backends``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class LoRABackendSpec:
+    """One LoRA backend offered to SGLang.
+
+    :param name: the ``--lora-backend`` value (e.g. ``"intel_xpu"``).
+    :param factory: zero-argument callable returning the backend class (a subclass of SGLang's
+        ``BaseLoRABackend``); called lazily by SGLang's ``get_backend_from_name`` only when the
+        backend is chosen, so heavy imports belong inside it.
+    :param device: the device the backend needs (``"xpu"``), or None for any device.
+    :param runs_on_other_devices: optional zero-argument callable; returning True lets the backend
+        run on a device other than ``device`` (e.g. when portable kernels were selected). It may
+        raise ``ValueError`` to report a misconfiguration.
+    :param other_devices_hint: appended to the device error: how to run elsewhere.
+    :param needs_max_rank_spaced_layout: the backend's kernels read stacked LoRA-A slice ``p`` at
+        row ``p * max_lora_rank`` and contract over the full rank, so the memory pool must space
+        slices at ``max_lora_rank`` and zero rank tails (see :mod:`sglang_xpu_lora.patches.mem_pool`).
+    """
+
+    name: str
+    factory: Callable[[], type]
+    device: Optional[str] = None
+    runs_on_other_devices: Optional[Callable[[], bool]] = None
+    other_devices_hint: str = ""
+    needs_max_rank_spaced_layout: bool = False
+
+    def device_error(self, device: Optional[str]) -> Optional[str]:
+        """The validation error for running on ``device``, or None when it is allowed.
+
+        Raises:
+            ValueError: propagated from ``runs_on_other_devices`` for a misconfiguration.
+        """
+        if self.device is None or device == self.device:
+            return None
+        if self.runs_on_other_devices is not None and self.runs_on_other_devices():
+            return None
+        message = f"--lora-backend {self.name} requires --device {self.device}, got --device {device}"
+        return f"{message}; {self.other_devices_hint}" if self.other_devices_hint else message
