@@ -1,0 +1,157 @@
+"""Helpers shared by the CPU example and the end-to-end tests: engine/server settings, the HF + PEFT
+reference, and a launch_server process that is always shut down."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from sglang_cpu_devsupport import CPU_ENGINE_ENV
+
+#: Settings for SGLang on a 2-core CPU: torch-native attention, no graphs, a small KV pool (by
+#: default SGLang sizes it from RAM: ~15 GB and ~27 s for this model), float32 for tight comparisons.
+CPU_ENGINE_SETTINGS = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    disable_cuda_graph=True,
+    max_total_tokens=4096,
+    dtype="float32",
+)
+
+
+def cpu_env(kernels: str = "torch") -> dict[str, str]:
+    """Environment for an intel_xpu run on CPU: the CPU engine plus the portable-kernel selector."""
+    return {**CPU_ENGINE_ENV, "SGLANG_XPU_LORA_KERNELS": kernels}
+
+
+def engine_kwargs(paths: dict[str, Path], adapters: Sequence[str], **overrides) -> dict:
+    """``sglang.Engine`` keyword arguments serving ``adapters`` through ``intel_xpu`` on CPU."""
+    return dict(
+        model_path=str(paths["base"]),
+        enable_lora=True,
+        lora_paths=[f"{name}={paths[name]}" for name in adapters],
+        lora_backend="intel_xpu",
+        max_lora_rank=32,
+        max_loras_per_batch=len(adapters) + 1,
+        log_level="error",
+        **CPU_ENGINE_SETTINGS,
+        **overrides,
+    )
+
+
+def server_argv(paths: dict[str, Path], adapters: Sequence[str], port: int) -> list[str]:
+    """``python -m sglang.launch_server`` command line equivalent to :func:`engine_kwargs`."""
+    kwargs = engine_kwargs(paths, adapters)
+    argv = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)]
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *value]
+        else:
+            argv += [flag, str(value)]
+    return argv + ["--served-model-name", "tiny-llama"]
+
+
+def first_token_logprobs(meta_info: dict, vocab_size: int):
+    """Dense ``(vocab_size,)`` float64 log-probs of the first generated token from SGLang's
+    ``output_top_logprobs`` (requested with ``top_logprobs_num=vocab_size``)."""
+    import torch
+
+    dense = torch.full((vocab_size,), float("-inf"), dtype=torch.float64)
+    for logprob, token_id, *_ in meta_info["output_top_logprobs"][0]:
+        dense[token_id] = logprob
+    return dense
+
+
+def hf_reference(base_dir: Path, adapter_dir: Optional[Path], input_ids: Sequence[int], max_new_tokens: int):
+    """Transformers (+ PEFT when ``adapter_dir``) in float32: first-token log-probs over the whole
+    vocabulary (float64 tensor) and ``max_new_tokens`` greedy token ids (no EOS stop)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    model.eval()
+    ids = torch.tensor([list(input_ids)])
+    tokens: list[int] = []
+    first = None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(ids).logits[0, -1].to(torch.float64)
+            if first is None:
+                first = torch.log_softmax(logits, dim=-1)
+            next_id = int(torch.argmax(logits))
+            tokens.append(next_id)
+            ids = torch.cat([ids, torch.tensor([[next_id]])], dim=1)
+    return first, tokens
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post_json(url: str, payload: dict, timeout: float = 120.0) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, timeout: float = 240.0) -> Iterator[subprocess.Popen]:
+    """Start ``launch_server``, wait until ``/health_generate`` answers, yield the process, and always
+    stop it by its PID (SIGTERM, then SIGKILL of its process group if it lingers)."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        list(argv), env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"launch_server exited with {proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=30) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"launch_server not ready after {timeout:.0f} s; see {log_path}")
+            time.sleep(1.0)
+        yield proc
+    finally:
+        stop_server(proc)
+        log.close()
+
+
+def stop_server(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the server by PID; if it or its children remain after ``grace`` s, SIGKILL the group."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)

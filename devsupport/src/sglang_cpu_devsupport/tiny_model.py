@@ -1,0 +1,151 @@
+"""Build a tiny Llama model, its tokenizer and PEFT LoRA adapters locally (no hub access).
+
+Everything is deterministic (fixed seeds, a sorted training corpus from the running interpreter's
+standard library), so the tests and the example always see the same weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sysconfig
+from pathlib import Path
+from typing import Optional, Sequence
+
+VOCAB_SIZE = 1024
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSpec:
+    """One PEFT LoRA adapter to build: ``name`` (directory and served name), rank, alpha, targets."""
+
+    name: str
+    rank: int
+    alpha: int
+    target_modules: Sequence[str] = ALL_LINEAR
+    seed: int = 0
+
+
+DEFAULT_ADAPTERS = (
+    AdapterSpec("sql-r8", rank=8, alpha=16, seed=1),
+    AdapterSpec("doc-r16", rank=16, alpha=32, seed=2),
+    AdapterSpec("qv-r4", rank=4, alpha=8, target_modules=("q_proj", "v_proj"), seed=3),
+)
+
+
+def _train_tokenizer(out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpus = sorted(p for p in stdlib.glob("*.py"))[:80]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train([str(p) for p in corpus], trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    ).save_pretrained(out_dir)
+
+
+def _build_base(out_dir: Path, seed: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def _build_adapter(base_dir: Path, out_dir: Path, spec: AdapterSpec) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                # Nonzero B (PEFT initialises it to zero), so every adapter changes the output.
+                std = 0.05 if "lora_B" in name else 0.1
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    peft_model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def build_all(
+    root: Path,
+    adapters: Sequence[AdapterSpec] = DEFAULT_ADAPTERS,
+    seed: int = 0,
+    progress: Optional[callable] = None,
+) -> dict[str, Path]:
+    """Build (or reuse) the tokenizer, base model and adapters under ``root``.
+
+    Returns ``{"base": path, <adapter name>: path, ...}``. A directory is reused when its
+    ``build.json`` matches the requested spec, so repeated runs cost nothing.
+    """
+    report = progress or (lambda message: None)
+    root = Path(root)
+    base_dir = root / "tiny-llama"
+    paths = {"base": base_dir}
+    base_key = {"seed": seed, "vocab": VOCAB_SIZE, "version": 1}
+    if not _is_built(base_dir, base_key):
+        report("training the byte-level BPE tokenizer on the local standard library")
+        base_dir.mkdir(parents=True, exist_ok=True)
+        _train_tokenizer(base_dir)
+        report("building the tiny Llama base model (2 layers, hidden 128)")
+        _build_base(base_dir, seed)
+        _mark_built(base_dir, base_key)
+    for spec in adapters:
+        out = root / spec.name
+        key = {"base": base_key, **dataclasses.asdict(spec), "target_modules": list(spec.target_modules)}
+        if not _is_built(out, key):
+            report(f"building PEFT LoRA adapter {spec.name} (rank {spec.rank}, {len(spec.target_modules)} target modules)")
+            _build_adapter(base_dir, out, spec)
+            _mark_built(out, key)
+        paths[spec.name] = out
+    return paths
+
+
+def _is_built(path: Path, key: dict) -> bool:
+    stamp = path / "build.json"
+    return stamp.exists() and json.loads(stamp.read_text()) == key
+
+
+def _mark_built(path: Path, key: dict) -> None:
+    (path / "build.json").write_text(json.dumps(key, sort_keys=True))
