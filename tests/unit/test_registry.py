@@ -1,0 +1,85 @@
+"""The pluggy-based ``sglang.lora_backends`` registry and the backend spec."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from sglang_xpu_lora.backend import registration
+from sglang_xpu_lora.registry import DuplicateBackendError, LoRABackendRegistry, LoRABackendSpec, hookimpl
+
+
+def plugin_with(*specs):
+    module = types.SimpleNamespace()
+
+    @hookimpl
+    def sglang_lora_backends():
+        return list(specs)
+
+    module.sglang_lora_backends = sglang_lora_backends
+    return module
+
+
+class FakeBackend:
+    pass
+
+
+def test_registers_specs_and_resolves_classes_lazily():
+    calls = []
+    spec = LoRABackendSpec(name="fake", factory=lambda: calls.append(1) or FakeBackend)
+    registry = LoRABackendRegistry()
+    registry.register_plugin(plugin_with(spec), "fake-plugin")
+    assert registry.specs() == {"fake": spec}
+    assert calls == []  # nothing imported until SGLang asks for the class
+    assert registry.resolve_class("fake") is FakeBackend
+    assert registry.spec_for_backend(FakeBackend()) is spec
+    assert registry.spec_for_backend(object()) is None
+
+
+def test_duplicate_backend_name_names_both_plugins_and_keeps_the_first():
+    first = LoRABackendSpec(name="dup", factory=lambda: FakeBackend)
+    registry = LoRABackendRegistry()
+    registry.register_plugin(plugin_with(first), "first")
+    with pytest.raises(DuplicateBackendError, match="'dup' is declared by both 'first' and 'second'"):
+        registry.register_plugin(plugin_with(LoRABackendSpec(name="dup", factory=lambda: object)), "second")
+    assert registry.get("dup") is first
+
+
+def test_hook_returning_a_non_spec_is_rejected():
+    registry = LoRABackendRegistry()
+    with pytest.raises(TypeError, match="not a LoRABackendSpec"):
+        registry.register_plugin(plugin_with("intel_xpu"), "bad")
+    assert registry.specs() == {}
+
+
+def test_broken_entry_point_is_reported_and_skipped(monkeypatch, capsys):
+    class BrokenEntryPoint:
+        name, value = "broken", "missing_module:plugin"
+
+        def load(self):
+            raise ImportError("No module named 'missing_module'")
+
+    good = types.SimpleNamespace(name="ours", value="x", load=lambda: registration)
+    monkeypatch.setattr(
+        "importlib.metadata.entry_points", lambda group: [BrokenEntryPoint(), good] if group == "g" else []
+    )
+    registry = LoRABackendRegistry()
+    registry.load_entrypoints("g")
+    assert list(registry.specs()) == ["intel_xpu"]
+    assert "broken" in registry.load_errors
+    assert "skipped LoRA backend plugin 'broken'" in capsys.readouterr().err
+
+
+def test_intel_xpu_spec_requirements(monkeypatch):
+    spec = registration.INTEL_XPU
+    assert (spec.name, spec.device, spec.needs_max_rank_spaced_layout) == ("intel_xpu", "xpu", True)
+    monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
+    assert spec.device_error("xpu") is None
+    assert spec.device_error("cpu") == (
+        "--lora-backend intel_xpu requires --device xpu, got --device cpu; "
+        "set SGLANG_XPU_LORA_KERNELS=torch to run the portable PyTorch LoRA kernels on it"
+    )
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    assert spec.device_error("cpu") is None
+    assert spec.device_error("cuda") is None
