@@ -20,7 +20,8 @@ fi
 echo "[setup] creating $VENV with $PY"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip "$@"; }
+# pip, minus this machine's notes about absent local index folders.
+pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$TORCH_VERSION" >"$constraints"

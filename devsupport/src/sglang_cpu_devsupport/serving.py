@@ -144,14 +144,16 @@ def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, ti
 
 
 def stop_server(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM the server by PID; if it or its children remain after ``grace`` s, SIGKILL the group."""
+    """SIGTERM the server by PID; then SIGKILL whatever is left of its process group (scheduler,
+    detokenizer, resource tracker) and wait until the group is gone."""
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    deadline = time.monotonic() + 15.0
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)  # raises ProcessLookupError once no member is left
+            time.sleep(0.2)
+    proc.wait(10)
