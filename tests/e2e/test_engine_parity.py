@@ -1,21 +1,28 @@
-"""A real SGLang engine and server on CPU serving adapters through ``intel_xpu`` (portable kernels),
-compared with transformers + PEFT.
+"""A real SGLang engine and server on CPU serving adapters through ``intel_xpu``, compared with
+transformers + PEFT, for the portable provider and for the native provider over emulated
+sgl-kernel-xpu builds.
 
 float32 end to end with ``--max-lora-rank 32`` above every adapter's rank (4, 8, 16): first-token
 log-probs over the whole vocabulary agree within 1e-4 (observed ~3e-6: the same math in another
 summation order) and 16 greedy tokens are identical, for the base model and every adapter in one
 mixed batch. Without the pool patch the ranks below the maximum would give visibly wrong numbers.
+Each configuration runs in its own process (``sglang_cpu_devsupport.engine_batch``); with an
+emulated build, every kernel call is logged, so the test asserts which ops ran natively.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
+import torch
 
-from sglang_cpu_devsupport import serving, tiny_model
+from sglang_cpu_devsupport import kernel_emulator, serving, tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -24,18 +31,19 @@ MAX_NEW_TOKENS = 16
 PROMPTS = ["def main(self):", "import os\nfor path in", "class Foo(object):\n    def"]
 ADAPTERS = [spec.name for spec in tiny_model.DEFAULT_ADAPTERS]
 LORAS = [None, *ADAPTERS]
+GEMM_OPS = {"sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd"}
+CHUNKED_OPS = {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}
 
-
-@pytest.fixture(scope="module")
-def portable_env():
-    saved = {k: os.environ.get(k) for k in serving.cpu_env()}
-    os.environ.update(serving.cpu_env("torch"))
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+#: name -> (environment, kernels expected to run natively; None for the portable provider).
+CONFIGS = {
+    "portable": ({"SGLANG_XPU_LORA_KERNELS": "torch"}, None),
+    "native-v0.1.0": ({"SGLANG_XPU_LORA_KERNELS": "auto", kernel_emulator.BUILD_ENV: "v0.1.0"}, {"sgemm_lora_a_fwd"}),
+    "native-v0.2.0": (
+        {"SGLANG_XPU_LORA_KERNELS": "auto", kernel_emulator.BUILD_ENV: "v0.2.0"},
+        {"sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd"},
+    ),
+    "native-full": ({"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"}, GEMM_OPS | CHUNKED_OPS),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,45 +54,68 @@ def tokenizer(tiny_artifacts):
 
 
 @pytest.fixture(scope="module")
-def engine_outputs(portable_env, tiny_artifacts, tokenizer):
-    """One mixed batch (every prompt x base and every adapter) through one engine."""
-    import sglang
+def hf_reference(tiny_artifacts, tokenizer):
+    @functools.lru_cache(maxsize=None)
+    def reference(prompt, lora):
+        adapter = tiny_artifacts[lora] if lora else None
+        return serving.hf_reference(tiny_artifacts["base"], adapter, tokenizer.encode(prompt), MAX_NEW_TOKENS)
 
-    engine = sglang.Engine(**serving.engine_kwargs(tiny_artifacts, ADAPTERS))
-    try:
-        requests = [(prompt, lora) for prompt in PROMPTS for lora in LORAS]
-        outputs = engine.generate(
-            input_ids=[tokenizer.encode(prompt) for prompt, _ in requests],
-            lora_path=[lora for _, lora in requests],
-            sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
-            return_logprob=True,
-            top_logprobs_num=tiny_model.VOCAB_SIZE,
-        )
-    finally:
-        engine.shutdown()
-    return dict(zip(requests, outputs))
+    return reference
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def engine_run(request, tiny_artifacts, tokenizer, tmp_path_factory):
+    """One mixed batch (every prompt x base and every adapter) through one engine per configuration."""
+    env, expected_native = CONFIGS[request.param]
+    work = tmp_path_factory.mktemp(request.param)
+    requests = [(prompt, lora) for prompt in PROMPTS for lora in LORAS]
+    spec = {
+        "artifacts": {name: str(path) for name, path in tiny_artifacts.items()},
+        "adapters": ADAPTERS,
+        "prompts_ids": [tokenizer.encode(prompt) for prompt, _ in requests],
+        "loras": [lora for _, lora in requests],
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "vocab_size": tiny_model.VOCAB_SIZE,
+    }
+    (work / "request.json").write_text(json.dumps(spec))
+    log = work / "kernel_calls.log"
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
+    child_env.update(serving.cpu_env(), **env, **{kernel_emulator.LOG_ENV: str(log)})
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang_cpu_devsupport.engine_batch", str(work / "request.json"), str(work / "result.json")],
+        env=child_env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    outputs = json.loads((work / "result.json").read_text())
+    called = set(log.read_text().split()) if log.exists() else set()
+    return dict(zip(requests, outputs)), called, expected_native
 
 
 @pytest.mark.parametrize("lora", LORAS, ids=lambda lora: lora or "base")
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["def", "for", "class"])
-def test_mixed_batch_matches_transformers_peft(engine_outputs, tiny_artifacts, tokenizer, prompt, lora):
-    out = engine_outputs[(prompt, lora)]
-    ids = tokenizer.encode(prompt)
-    ref_logprobs, ref_tokens = serving.hf_reference(
-        tiny_artifacts["base"], tiny_artifacts[lora] if lora else None, ids, MAX_NEW_TOKENS
-    )
-    got = serving.first_token_logprobs(out["meta_info"], tiny_model.VOCAB_SIZE)
-    assert bool((got > float("-inf")).all()), "SGLang returned fewer than vocab_size log-probs"
+def test_mixed_batch_matches_transformers_peft(engine_run, hf_reference, prompt, lora):
+    outputs, _, _ = engine_run
+    out = outputs[(prompt, lora)]
+    ref_logprobs, ref_tokens = hf_reference(prompt, lora)
+    got = torch.tensor(out["first_logprobs"], dtype=torch.float64)
+    assert bool(torch.isfinite(got).all()), "SGLang returned fewer than vocab_size log-probs"
     delta = float((got - ref_logprobs).abs().max())
     assert delta <= LOGPROB_TOLERANCE, f"max |Δ logprob| {delta:.2e}"
     assert out["output_ids"] == ref_tokens
 
 
-def test_adapters_change_the_output(engine_outputs):
+def test_ops_ran_on_the_expected_provider(engine_run):
+    """Native kernels ran exactly for the ops the emulated build has; the rest ran portable."""
+    _, called, expected_native = engine_run
+    assert called == (expected_native or set())
+
+
+def test_adapters_change_the_output(engine_run):
     """Guards the comparison itself: every adapter (nonzero B) gives tokens unlike the base's."""
+    outputs, _, _ = engine_run
     for prompt in PROMPTS:
-        base = engine_outputs[(prompt, None)]["output_ids"]
-        assert all(engine_outputs[(prompt, lora)]["output_ids"] != base for lora in ADAPTERS)
+        base = outputs[(prompt, None)]["output_ids"]
+        assert all(outputs[(prompt, lora)]["output_ids"] != base for lora in ADAPTERS)
 
 
 def port_is_open(port: int) -> bool:
@@ -92,7 +123,8 @@ def port_is_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_http_server_returns_the_engine_tokens(portable_env, engine_outputs, tiny_artifacts, tokenizer, tmp_path):
+def test_http_server_returns_the_engine_tokens(tiny_artifacts, tokenizer, hf_reference, tmp_path):
+    """launch_server (portable kernels) returns the tokens the engine and transformers + PEFT give."""
     port = serving.free_port()
     argv = serving.server_argv(tiny_artifacts, ADAPTERS, port)
     assert argv[argv.index("--lora-backend") + 1] == "intel_xpu"
@@ -105,15 +137,14 @@ def test_http_server_returns_the_engine_tokens(portable_env, engine_outputs, tin
             {"input_ids": [ids] * len(LORAS), "lora_path": LORAS, "sampling_params": params},
         )
         for lora, out in zip(LORAS, generated):
-            assert out["output_ids"] == engine_outputs[(prompt, lora)]["output_ids"], lora
+            assert out["output_ids"] == hf_reference(prompt, lora)[1], lora
         for lora in ADAPTERS:
             completion = serving.post_json(
                 f"http://127.0.0.1:{port}/v1/completions",
                 {"model": f"tiny-llama:{lora}", "prompt": prompt, "max_tokens": MAX_NEW_TOKENS,
                  "temperature": 0.0, "ignore_eos": True},
             )
-            expected = tokenizer.decode(engine_outputs[(prompt, lora)]["output_ids"])
-            assert completion["choices"][0]["text"] == expected, lora
+            assert completion["choices"][0]["text"] == tokenizer.decode(hf_reference(prompt, lora)[1]), lora
     assert proc.returncode is not None
     assert not port_is_open(port)
     leftover = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
@@ -125,5 +156,6 @@ def test_engine_refuses_intel_xpu_on_cpu_without_portable_kernels(tiny_artifacts
 
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
+    monkeypatch.delenv(kernel_emulator.BUILD_ENV, raising=False)
     with pytest.raises(ValueError, match="--lora-backend intel_xpu requires --device xpu, got --device cpu"):
         sglang.Engine(**serving.engine_kwargs(tiny_artifacts, ADAPTERS))

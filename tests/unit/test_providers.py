@@ -11,30 +11,38 @@ from sglang_xpu_lora.providers import base, torch_ops
 
 
 @pytest.fixture(autouse=True)
-def fresh_warning(monkeypatch):
-    monkeypatch.setattr(providers, "_warned_auto", False)
+def fresh_reports(monkeypatch):
+    monkeypatch.setattr(providers, "_reported", set())
 
 
-def test_torch_selects_portable_provider_silently(monkeypatch, caplog):
+def test_torch_selects_portable_provider_for_every_op_silently(monkeypatch, caplog):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
-    assert providers.load_provider() is torch_ops
-    assert providers.portable_kernels_selected()
+    with caplog.at_level(logging.INFO):
+        selection = providers.select_ops()
+    assert selection.eager is selection.graph
+    assert all(getattr(selection.eager, op) is getattr(torch_ops, op) for op in base.OP_NAMES)
+    assert {c.provider for c in selection.choices.values()} == {"torch"}
+    assert providers.portable_kernels_selected() and providers.runs_on_device("cpu")
     assert caplog.records == []
 
 
-def test_auto_is_portable_with_a_single_warning(monkeypatch, caplog):
+def test_auto_without_a_kernel_build_is_portable_and_logs_each_op_once(monkeypatch, caplog):
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
     with caplog.at_level(logging.WARNING):
-        assert providers.load_provider() is torch_ops
-        assert providers.load_provider() is torch_ops
-    assert len([r for r in caplog.records if "portable PyTorch LoRA kernels" in r.getMessage()]) == 1
+        first = providers.select_ops()
+        providers.select_ops()
+    assert {c.provider for c in first.choices.values()} == {"torch"}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == len(base.OP_NAMES)  # once per op, not once per selection
+    assert all("uses the portable PyTorch op" in m for m in messages)
     assert not providers.portable_kernels_selected()  # auto is not an explicit choice
+    assert not providers.runs_on_device("cpu")  # the dev stub sgl_kernel has no ops
 
 
-def test_native_is_an_error_naming_the_alternative(monkeypatch):
+def test_native_without_the_op_is_a_start_up_error_naming_it(monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "native")
-    with pytest.raises(RuntimeError, match="SGLANG_XPU_LORA_KERNELS=torch"):
-        providers.load_provider()
+    with pytest.raises(RuntimeError, match="op embedding_lora_a_fwd is unavailable.*Install sgl-kernel-xpu v0.1.0"):
+        providers.select_ops()
 
 
 def test_invalid_value_is_rejected_with_the_choices(monkeypatch):

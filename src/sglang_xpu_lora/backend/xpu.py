@@ -29,7 +29,7 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.providers import load_provider
+from sglang_xpu_lora.providers import select_ops
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
@@ -53,15 +53,39 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
         super().__init__(max_loras_per_batch, device, **kwargs)
-        #: The op provider (a module with the seven sgl-kernel-xpu op signatures).
-        self.ops = load_provider()
+        #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
+        self.op_selection = select_ops()
+
+    def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
+        """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
+
+        SGLang's eager path makes ``lora_ranks`` int64 (the graph buffers are int32); the
+        sgl-kernel-xpu embedding op reads int32 as passed, so every batch info of this batch gets
+        int32 ``lora_ranks`` here rather than a cast in every layer.
+        """
+        super().prepare_lora_batch(
+            forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
+            use_prefill_cuda_graph=use_prefill_cuda_graph,
+        )
+        infos = [self.batch_info, self.sgemm_batch_info, self.lm_head_batch_info, *(self.lm_head_pass_batch_infos or ())]
+        converted = {}
+        for info in infos:
+            if info is not None and info.lora_ranks.dtype != torch.int32:
+                key = id(info.lora_ranks)
+                if key not in converted:
+                    converted[key] = info.lora_ranks.to(torch.int32)
+                info.lora_ranks = converted[key]
+
+    def _ops(self, info: LoRABatchInfo):
+        """The op table for this batch: capture-safe ops inside a graph."""
+        return self.op_selection.for_graph(info.use_cuda_graph)
 
     # --- shrink / expand routing -------------------------------------------------------------
 
     def _shrink(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int, info: LoRABatchInfo) -> torch.Tensor:
         """(s, K) x (L, stack_num * R, K) -> (s, stack_num * R)."""
         if info.permutation is None:
-            return self.ops.sgemm_lora_a_fwd(
+            return self._ops(info).sgemm_lora_a_fwd(
                 input_x=x,
                 weights=weights,
                 stack_num=stack_num,
@@ -69,7 +93,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 weight_indices=info.weight_indices,
                 lora_ranks=info.lora_ranks,
             )
-        return self.ops.chunked_sgmv_lora_shrink_fwd(
+        return self._ops(info).chunked_sgmv_lora_shrink_fwd(
             input_x=x,
             weights=weights,
             stack_num=stack_num,
@@ -91,7 +115,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         base_output: Optional[torch.Tensor],
     ) -> torch.Tensor:
         permutation = None if info.permutation is None else info.permutation[: x.shape[0]]
-        return self.ops.chunked_sgmv_lora_expand_fwd(
+        return self._ops(info).chunked_sgmv_lora_expand_fwd(
             input_x=x,
             weights=weights,
             slice_offsets=slice_offsets,
@@ -137,7 +161,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 max_len = info.max_len
             else:
                 max_len = self.prefill_cuda_graph_max_tokens
-        return self.ops.embedding_lora_a_fwd(
+        return self._ops(info).embedding_lora_a_fwd(
             input_ids=input_ids,
             weights=weights,
             vocab_size=vocab_size,
@@ -176,7 +200,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """
         info = self._sgemm_info(pruned_batch_info)
         if info.permutation is None:
-            return self.ops.sgemm_lora_b_fwd(
+            return self._ops(info).sgemm_lora_b_fwd(
                 input_x=x,
                 weights=weights,
                 seg_indptr=info.seg_indptr,
@@ -210,7 +234,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, qkv_lora_a, n_slices, info)
         if info.permutation is None and n_slices == 3:
-            return self.ops.qkv_lora_b_fwd(
+            return self._ops(info).qkv_lora_b_fwd(
                 input_x=lora_a_output,
                 qkv_lora_b=qkv_lora_b,
                 output_offset=output_offset,
@@ -239,7 +263,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, gate_up_lora_a, 2, info)
         if info.permutation is None:
-            return self.ops.gate_up_lora_b_fwd(
+            return self._ops(info).gate_up_lora_b_fwd(
                 input_x=lora_a_output,
                 gate_up_lora_b=gate_up_lora_b,
                 output_dim=output_dim,

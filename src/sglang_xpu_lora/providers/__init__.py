@@ -1,26 +1,29 @@
-"""Op providers and the ``SGLANG_XPU_LORA_KERNELS`` selector.
+"""Op providers and their selection, per op: ``SGLANG_XPU_LORA_KERNELS=auto|native|torch``.
 
-``SGLANG_XPU_LORA_KERNELS`` (default ``auto``):
+* ``torch``: the portable PyTorch provider (:mod:`.torch_ops`) for every op, on any device; this
+  also lets ``--lora-backend intel_xpu`` run with a device other than ``xpu``.
+* ``native``: the sgl-kernel-xpu ops (:mod:`.native`); an op the installed build lacks is an error
+  at start-up naming the op and the first build that has it.
+* ``auto`` (default): native for each op the build has, the portable op for the others (logged
+  once per op).
 
-* ``torch``: the portable PyTorch provider (:mod:`.torch_ops`) on any device; this is also what
-  lets ``--lora-backend intel_xpu`` run with a device other than ``xpu``.
-* ``native``: the sgl-kernel-xpu ops. Not available in this release: selecting it is an error at
-  start-up.
-* ``auto``: native where available; in this release always the portable provider, with a one-time
-  warning.
+Graph mode: inside a CUDA/XPU graph (``batch_info.use_cuda_graph``) a capture-unsafe native op is
+replaced by the portable op (:attr:`OpSelection.graph`), and the substitution is logged once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
-from types import ModuleType
+import types
+from typing import Optional
 
 KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 KERNEL_CHOICES = ("auto", "native", "torch")
 
 logger = logging.getLogger(__name__)
-_warned_auto = False
 
 
 def kernels_choice() -> str:
@@ -43,30 +46,113 @@ def portable_kernels_selected() -> bool:
     return kernels_choice() == "torch"
 
 
-def load_provider() -> ModuleType:
-    """Return the op provider selected by ``SGLANG_XPU_LORA_KERNELS``.
+@dataclasses.dataclass(frozen=True)
+class OpChoice:
+    """Which provider runs one op, and why."""
 
-    Returns:
-        A module exporting the seven ops of :class:`.base.LoRAOpsProvider` and a ``name``.
+    op: str
+    provider: str  #: "native" or "torch"
+    reason: str
+    capture_safe: bool
+    kernel: Optional[object] = None  #: the :class:`.native.KernelOp` when native
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSelection:
+    """The op table the backend calls: :attr:`eager` outside graphs, :attr:`graph` inside them.
+
+    Both are namespaces with the seven op names of :class:`.base.LoRAOpsProvider`.
+    """
+
+    eager: types.SimpleNamespace
+    graph: types.SimpleNamespace
+    choices: dict  #: op -> OpChoice outside graphs
+    graph_choices: dict  #: op -> OpChoice inside graphs
+    mode: str  #: the SGLANG_XPU_LORA_KERNELS value
+    build: str  #: description of the installed kernel build
+
+    def for_graph(self, use_graph: bool) -> types.SimpleNamespace:
+        return self.graph if use_graph else self.eager
+
+
+def select_ops() -> OpSelection:
+    """Choose a provider for each op according to ``SGLANG_XPU_LORA_KERNELS`` and the installed build.
+
     Raises:
         ValueError: for an invalid selector value.
-        RuntimeError: for ``native``, which this release does not provide yet.
+        RuntimeError: with ``native``, when the build lacks an op (names the op and the first build
+            that has it) or sgl_kernel cannot be imported.
     """
-    global _warned_auto
-    choice = kernels_choice()
-    if choice == "native":
-        raise RuntimeError(
-            f"{KERNELS_ENV}=native: the native sgl-kernel-xpu provider is not part of this release "
-            f"of sglang-xpu-lora; use {KERNELS_ENV}=torch (portable PyTorch kernels) or auto"
-        )
-    from sglang_xpu_lora.providers import torch_ops
+    from sglang_xpu_lora.providers import native, torch_ops
+    from sglang_xpu_lora.providers.base import OP_NAMES
 
-    if choice == "auto" and not _warned_auto:
-        _warned_auto = True
-        logger.warning(
-            "sglang-xpu-lora: %s=auto uses the portable PyTorch LoRA kernels (the native "
-            "sgl-kernel-xpu provider is not part of this release); set %s=torch to silence this",
-            KERNELS_ENV,
-            KERNELS_ENV,
-        )
-    return torch_ops
+    mode = kernels_choice()
+    portable = {op: getattr(torch_ops, op) for op in OP_NAMES}
+    if mode == "torch":
+        choice = {op: OpChoice(op, "torch", f"{KERNELS_ENV}=torch", True) for op in OP_NAMES}
+        table = types.SimpleNamespace(**portable)
+        return OpSelection(table, table, choice, choice, mode, "not used")
+
+    module, build = native.kernel_build()
+    eager, graph, choices, graph_choices = {}, {}, {}, {}
+    for op in OP_NAMES:
+        if module is None:
+            kernel, reason = None, build
+        else:
+            kernel, reason = native.detect_op(op, tuple(inspect.signature(portable[op]).parameters))
+        if kernel is None:
+            if mode == "native":
+                raise RuntimeError(
+                    f"{KERNELS_ENV}=native: sgl-kernel-xpu op {op} is unavailable: {reason}. Install "
+                    f"{native.MINIMUM_BUILD[op]} or newer, or set {KERNELS_ENV}=auto to use the portable op for it"
+                )
+            choices[op] = graph_choices[op] = OpChoice(op, "torch", f"native op missing: {reason}", True)
+            eager[op] = graph[op] = portable[op]
+            continue
+        choices[op] = OpChoice(op, "native", reason, kernel.capture_safe, kernel)
+        eager[op] = native.bind(kernel)
+        if kernel.capture_safe:
+            graph_choices[op], graph[op] = choices[op], eager[op]
+        else:
+            graph_choices[op] = OpChoice(op, "torch", "native op is not capture-safe (host syncs)", True)
+            graph[op] = portable[op]
+    selection = OpSelection(
+        types.SimpleNamespace(**eager), types.SimpleNamespace(**graph), choices, graph_choices, mode, build
+    )
+    _report(selection)
+    return selection
+
+
+_reported: set = set()
+
+
+def _report(selection: OpSelection) -> None:
+    """Log each fallback and graph substitution once per process."""
+    for op in selection.choices:
+        eager, graph = selection.choices[op], selection.graph_choices[op]
+        if eager.provider == "torch" and ("eager", op) not in _reported:
+            _reported.add(("eager", op))
+            logger.warning("sglang-xpu-lora: %s uses the portable PyTorch op (%s)", op, eager.reason)
+        elif eager.provider == "native" and graph.provider == "torch" and ("graph", op) not in _reported:
+            _reported.add(("graph", op))
+            logger.info("sglang-xpu-lora: %s: native outside graphs, portable inside graphs (%s)", op, graph.reason)
+
+
+def runs_on_device(device: Optional[str]) -> bool:
+    """Whether ``intel_xpu`` can serve on ``device`` (a device other than ``xpu``): with the portable
+    kernels, or when the installed build registers every op it has for that device (e.g. a CPU
+    build of the kernels, such as the test emulator)."""
+    mode = kernels_choice()
+    if mode == "torch":
+        return True
+    from sglang_xpu_lora.providers import native, torch_ops
+    from sglang_xpu_lora.providers.base import OP_NAMES
+
+    module, _ = native.kernel_build()
+    if module is None or device is None:
+        return False
+    kernels = [
+        native.detect_op(op, tuple(inspect.signature(getattr(torch_ops, op)).parameters))[0] for op in OP_NAMES
+    ]
+    found = [k for k in kernels if k is not None]
+    return bool(found) and all(native.has_kernel_for_device(k, device) for k in found)

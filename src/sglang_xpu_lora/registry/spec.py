@@ -15,9 +15,9 @@ class LoRABackendSpec:
         ``BaseLoRABackend``); called lazily by SGLang's ``get_backend_from_name`` only when the
         backend is chosen, so heavy imports belong inside it.
     :param device: the device the backend needs (``"xpu"``), or None for any device.
-    :param runs_on_other_devices: optional zero-argument callable; returning True lets the backend
-        run on a device other than ``device`` (e.g. when portable kernels were selected). It may
-        raise ``ValueError`` to report a misconfiguration.
+    :param runs_on_other_devices: optional callable taking the resolved device name; returning True
+        lets the backend run on a device other than ``device`` (e.g. when portable kernels were
+        selected). It may raise ``ValueError`` to report a misconfiguration.
     :param other_devices_hint: appended to the device error: how to run elsewhere.
     :param needs_max_rank_spaced_layout: the backend's kernels read stacked LoRA-A slice ``p`` at
         row ``p * max_lora_rank`` and contract over the full rank, so the memory pool must space
@@ -27,7 +27,7 @@ class LoRABackendSpec:
     name: str
     factory: Callable[[], type]
     device: Optional[str] = None
-    runs_on_other_devices: Optional[Callable[[], bool]] = None
+    runs_on_other_devices: Optional[Callable[[Optional[str]], bool]] = None
     other_devices_hint: str = ""
     needs_max_rank_spaced_layout: bool = False
 
@@ -39,7 +39,7 @@ class LoRABackendSpec:
         """
         if self.device is None or device == self.device:
             return None
-        if self.runs_on_other_devices is not None and self.runs_on_other_devices():
+        if self.runs_on_other_devices is not None and self.runs_on_other_devices(device):
             return None
         message = f"--lora-backend {self.name} requires --device {self.device}, got --device {device}"
         return f"{message}; {self.other_devices_hint}" if self.other_devices_hint else message

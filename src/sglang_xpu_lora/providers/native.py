@@ -1,0 +1,140 @@
+"""Native provider: the sgl-kernel-xpu LoRA ops through ``torch.ops.sgl_kernel``, detected per op.
+
+Detection is by schema, not by version string: for each op the known kernel names are looked up
+(``chunked_sgmv_lora_shrink_fwd`` also under its first name ``chunked_sgmv_lora_shrink_forward``)
+and the call is bound to the schema's argument names, so optional arguments that only some builds
+have (``embedding_lora_a_fwd``'s ``max_len``) are passed exactly when the build declares them. An op
+whose schema needs an argument this plugin cannot supply counts as absent.
+
+The raw ops take the output first (``Tensor! output, ...) -> ()``); :func:`bind` allocates it the
+way the sgl-kernel-xpu Python wrappers do (``python/sgl_kernel/lora.py``), zero-filled.
+
+Capture safety: every build seen so far validates inputs with ``.item()`` and copies offsets to the
+host, so its ops cannot be captured in an XPU graph; only ``embedding_lora_a_fwd`` with ``max_len``
+(the grid bound passed in instead of read from the device) is recorded as capture-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Optional
+
+import torch
+
+from sglang_xpu_lora.providers.base import OP_NAMES
+
+#: Kernel names per op, newest first.
+KERNEL_NAMES = {op: (op,) for op in OP_NAMES} | {
+    "chunked_sgmv_lora_shrink_fwd": ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_shrink_forward"),
+}
+
+#: The first sgl-kernel-xpu build that has each op (shared/research, kernels note section 1.0).
+MINIMUM_BUILD = {
+    "embedding_lora_a_fwd": "sgl-kernel-xpu v0.1.0",
+    "sgemm_lora_a_fwd": "sgl-kernel-xpu v0.1.0",
+    "sgemm_lora_b_fwd": "sgl-kernel-xpu 0.2.0 (PR #356)",
+    "qkv_lora_b_fwd": "sgl-kernel-xpu 0.2.0 (PR #393)",
+    "gate_up_lora_b_fwd": "an sgl-kernel-xpu build with PR #490 (gate_up_lora_b_fwd)",
+    "chunked_sgmv_lora_shrink_fwd": "an sgl-kernel-xpu build with PR #506 (chunked SGMV shrink)",
+    "chunked_sgmv_lora_expand_fwd": "an sgl-kernel-xpu build with chunked_sgmv_lora_expand_fwd (after PR #506)",
+}
+
+#: Schema argument names that differ from the provider interface's names, per op.
+ALIASES = {
+    "chunked_sgmv_lora_shrink_fwd": {"x": "input_x", "num_slices": "stack_num"},
+    "chunked_sgmv_lora_expand_fwd": {"x": "input_x"},
+}
+
+
+def _output_shape(op: str, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    if op == "embedding_lora_a_fwd":
+        return (kwargs["input_ids"].shape[0], kwargs["weights"].shape[1]), kwargs["weights"].dtype
+    x = kwargs["input_x"]
+    if op == "qkv_lora_b_fwd":
+        return (x.shape[0], kwargs["qkv_lora_b"].shape[1]), x.dtype
+    if op == "gate_up_lora_b_fwd":
+        return (x.shape[0], 2 * kwargs["output_dim"]), x.dtype
+    return (x.shape[0], kwargs["weights"].shape[1]), x.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOp:
+    """One op found in the installed build."""
+
+    op: str  #: provider-interface name
+    kernel_name: str  #: name under ``torch.ops.sgl_kernel``
+    arguments: tuple[str, ...]  #: schema argument names after ``output``
+    capture_safe: bool
+
+    @property
+    def schema_note(self) -> str:
+        return f"torch.ops.sgl_kernel.{self.kernel_name}({', '.join(self.arguments)})"
+
+
+def kernel_build() -> tuple[Optional[Any], str]:
+    """``(sgl_kernel module or None, description)``; importing it registers the ops."""
+    try:
+        module = importlib.import_module("sgl_kernel")
+    except Exception as exc:  # noqa: BLE001 - a broken build is as unusable as a missing one
+        return None, f"sgl_kernel is not importable ({type(exc).__name__}: {exc})"
+    return module, f"sgl_kernel {getattr(module, '__version__', 'unknown version')}"
+
+
+def _schema_arguments(kernel_name: str) -> Optional[list]:
+    namespace = torch.ops.sgl_kernel
+    try:
+        packet = getattr(namespace, kernel_name)
+    except (AttributeError, RuntimeError):
+        return None
+    return list(packet.default._schema.arguments)
+
+
+def detect_op(op: str, parameters: tuple[str, ...]) -> tuple[Optional[KernelOp], str]:
+    """Find ``op`` in the loaded build. Returns ``(KernelOp or None, reason)``.
+
+    ``parameters`` are the provider-interface parameter names of the op.
+    """
+    aliases = ALIASES.get(op, {})
+    for kernel_name in KERNEL_NAMES[op]:
+        arguments = _schema_arguments(kernel_name)
+        if arguments is None:
+            continue
+        names = [a.name for a in arguments]
+        if not names or names[0] != "output":
+            return None, f"torch.ops.sgl_kernel.{kernel_name} has an unknown schema (no leading output)"
+        unknown = [
+            a.name
+            for a in arguments[1:]
+            if aliases.get(a.name, a.name) not in parameters and not a.type.kind() == "OptionalType"
+        ]
+        if unknown:
+            return None, f"torch.ops.sgl_kernel.{kernel_name} needs unsupported argument(s) {', '.join(unknown)}"
+        capture_safe = op == "embedding_lora_a_fwd" and "max_len" in names
+        kernel = KernelOp(op, kernel_name, tuple(names[1:]), capture_safe)
+        return kernel, f"found {kernel.schema_note}"
+    return None, f"not in the installed build (first in {MINIMUM_BUILD[op]})"
+
+
+def has_kernel_for_device(kernel: KernelOp, device_type: str) -> bool:
+    """Whether the build registered an implementation of ``kernel`` for ``device_type`` (e.g. ``xpu``)."""
+    dispatch_key = {"xpu": "XPU", "cpu": "CPU", "cuda": "CUDA"}.get(device_type, device_type.upper())
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"sgl_kernel::{kernel.kernel_name}", dispatch_key)
+
+
+def bind(kernel: KernelOp) -> Callable[..., torch.Tensor]:
+    """A function with the provider-interface signature (keywords) that calls the raw kernel."""
+    raw = getattr(torch.ops.sgl_kernel, kernel.kernel_name).default
+    op = kernel.op
+    names = [ALIASES.get(op, {}).get(name, name) for name in kernel.arguments]
+
+    def call(**kwargs: Any) -> torch.Tensor:
+        shape, dtype = _output_shape(op, kwargs)
+        device = (kwargs.get("input_x") if "input_x" in kwargs else kwargs["input_ids"]).device
+        output = torch.zeros(shape, dtype=dtype, device=device)
+        raw(output, *(kwargs.get(name) for name in names))
+        return output
+
+    call.__name__ = op
+    call.__qualname__ = f"native.{op}"
+    return call

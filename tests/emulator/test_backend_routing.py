@@ -1,0 +1,164 @@
+"""``IntelXpuLoRABackend`` routing with the native provider (emulated ``full`` build): which op each
+batch shape reaches, graph-mode substitution, and numbers against a float64 reference."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+MAX_LORAS, RANK, HIDDEN = 3, 4, 16
+RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
+CAPTURE_UNSAFE = {
+    "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd",
+    "chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd",
+}
+
+
+@pytest.fixture
+def backend_factory(emulate, sglang_plugins_loaded):
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    with emulate("full") as calls:
+        yield lambda: IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu")), calls
+
+
+def decode_batch(batch_size):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=batch_size, spec_info=None, return_logprob=False)
+
+
+def extend_batch(lens):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return types.SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, batch_size=len(lens), spec_info=None, return_logprob=False,
+        extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=list(lens), extend_num_tokens=sum(lens),
+    )
+
+
+def spaced_weights(num_slices, out_dims, seed=0):
+    """Pool-layout weights: A slice p at rows p * RANK, rank tails zero (what the pool patch makes)."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(MAX_LORAS, num_slices * RANK, HIDDEN, generator=generator)
+    b = torch.randn(MAX_LORAS, sum(out_dims), RANK, generator=generator)
+    for slot, rank in enumerate(RANKS):
+        for p in range(num_slices):
+            a[slot, p * RANK + rank : (p + 1) * RANK] = 0
+        b[slot, :, rank:] = 0
+    return a, b
+
+
+def reference(x, a, b, out_dims, slot_of_row, base):
+    """float64 per-row loop: base + scaling * B_p (A_p x) for each slice p."""
+    out = base.double().clone()
+    offsets = [0]
+    for d in out_dims:
+        offsets.append(offsets[-1] + d)
+    for row, slot in enumerate(slot_of_row):
+        for p in range(len(out_dims)):
+            shrink = a[slot, p * RANK : (p + 1) * RANK].double() @ x[row].double()
+            out[row, offsets[p] : offsets[p + 1]] += SCALINGS[slot] * (b[slot, offsets[p] : offsets[p + 1]].double() @ shrink)
+    return out
+
+
+@pytest.mark.parametrize(
+    "out_dims, kernel",
+    [((8, 4, 4), "qkv_lora_b_fwd"), ((6, 10), "chunked_sgmv_lora_expand_fwd"), ((4, 4, 6, 2), "chunked_sgmv_lora_expand_fwd")],
+    ids=["3-slices-qkv", "2-slices-mla", "4-slices-gdn"],
+)
+def test_prefill_qkv_routing_by_slice_count(backend_factory, out_dims, kernel):
+    make, calls = backend_factory
+    backend = make()
+    lens, weight_indices = [3, 0, 5], [1, 0, 2]
+    backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False)
+    assert backend._sgemm_info().permutation is None
+    n = len(out_dims)
+    a, b = spaced_weights(n, out_dims)
+    x, base = torch.randn(sum(lens), HIDDEN), torch.randn(sum(lens), sum(out_dims))
+    offsets = torch.tensor([0, *torch.tensor(out_dims).cumsum(0).tolist()], dtype=torch.int32)
+    calls.clear()
+    out = backend.run_qkv_lora(
+        x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(out_dims), base_output=base, n_slices=n,
+    )
+    assert dict(calls) == {"sgemm_lora_a_fwd": 1, kernel: 1}
+    slot_of_row = [1] * 3 + [2] * 5
+    torch.testing.assert_close(out.double(), reference(x, a, b, out_dims, slot_of_row, base), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_uses_chunked_sgmv_with_the_permutation(backend_factory):
+    make, calls = backend_factory
+    backend = make()
+    weight_indices = [2, 1, 2, 0, 1]
+    backend.prepare_lora_batch(decode_batch(5), weight_indices, RANKS, SCALINGS, False)
+    assert backend._sgemm_info().permutation is not None
+    a, b = spaced_weights(2, (6, 6))
+    x, base = torch.randn(5, HIDDEN), torch.randn(5, 12)
+    calls.clear()
+    out = backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, base_output=base)
+    assert dict(calls) == {"chunked_sgmv_lora_shrink_fwd": 1, "chunked_sgmv_lora_expand_fwd": 1}
+    torch.testing.assert_close(out.double(), reference(x, a, b, (6, 6), weight_indices, base), rtol=1e-5, atol=1e-5)
+
+
+def run_layer_ops(backend, x, seed=1):
+    a3, b3 = spaced_weights(3, (8, 4, 4), seed)
+    a2, b2 = spaced_weights(2, (6, 6), seed + 1)
+    a1, b1 = spaced_weights(1, (10,), seed + 2)
+    offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
+    return [
+        backend.run_qkv_lora(x=x, qkv_lora_a=a3, qkv_lora_b=b3, output_offset=offsets, max_qkv_out_dim=8, base_output=None),
+        backend.run_gate_up_lora(x=x, gate_up_lora_a=a2, gate_up_lora_b=b2),
+        backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a1), weights=b1, base_output=None),
+    ]
+
+
+def test_decode_graph_batch_never_calls_capture_unsafe_native_ops_and_matches_eager(backend_factory):
+    make, calls = backend_factory
+    weight_indices = [2, 1, 2, 0]
+    x = torch.randn(4, HIDDEN)
+    eager_backend = make()
+    eager_backend.prepare_lora_batch(decode_batch(4), weight_indices, RANKS, SCALINGS, False)
+    calls.clear()
+    eager = run_layer_ops(eager_backend, x)
+    assert set(calls) == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}  # native outside graphs
+
+    graph_backend = make()
+    graph_backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
+    graph_backend.prepare_lora_batch(decode_batch(4), weight_indices, RANKS, SCALINGS, True)
+    assert graph_backend._sgemm_info().use_cuda_graph
+    calls.clear()
+    graphed = run_layer_ops(graph_backend, x)
+    assert not set(calls) & CAPTURE_UNSAFE
+    for got, expected in zip(graphed, eager):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_graph_batch_uses_capture_safe_ops_and_bounds(backend_factory, monkeypatch):
+    make, calls = backend_factory
+    lens, weight_indices = [3, 5], [1, 2]
+    x = torch.randn(8, HIDDEN)
+    eager_backend = make()
+    eager_backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False)
+    eager = run_layer_ops(eager_backend, x)
+
+    graph_backend = make()
+    graph_backend.init_prefill_cuda_graph_batch_info(max_num_tokens=32, max_num_requests=4)
+    graph_backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False, use_prefill_cuda_graph=True)
+    padded = torch.cat([x, torch.randn(4, HIDDEN)])  # a captured graph runs on its padded token count
+    seen_max_len = []
+    embedding = graph_backend.op_selection.graph.embedding_lora_a_fwd
+    monkeypatch.setattr(
+        graph_backend.op_selection.graph, "embedding_lora_a_fwd",
+        lambda **kw: seen_max_len.append(kw["max_len"]) or embedding(**kw),
+    )
+    calls.clear()
+    graphed = run_layer_ops(graph_backend, padded)
+    ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0])
+    graph_backend.run_lora_a_embedding(input_ids=ids, weights=torch.randn(MAX_LORAS, RANK, 10), vocab_size=10)
+    assert set(calls) == {"embedding_lora_a_fwd"}  # the only capture-safe native op of the build
+    assert seen_max_len == [16]  # the fixed chunk size, never the live batch's longest segment
+    for got, expected in zip(graphed, eager):
+        torch.testing.assert_close(got[:8], expected, rtol=1e-5, atol=1e-5)
+        assert torch.count_nonzero(got[8:]) == 0  # padding rows get no LoRA

@@ -1,0 +1,138 @@
+"""The native provider against emulated sgl-kernel-xpu builds: per-op detection, fallbacks,
+errors, bound calls that match the portable ops, and the emulator's contract checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_xpu_lora import providers
+from sglang_xpu_lora.providers import native, torch_ops
+from sglang_xpu_lora.providers.base import OP_NAMES
+
+ALL = set(OP_NAMES)
+EXPECTED_NATIVE = {
+    "v0.1.0": {"embedding_lora_a_fwd", "sgemm_lora_a_fwd"},
+    "v0.2.0": {"embedding_lora_a_fwd", "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd"},
+    "pr506-draft": ALL - {"chunked_sgmv_lora_expand_fwd"},
+    "full": ALL,
+}
+
+
+@pytest.mark.parametrize("build", list(EXPECTED_NATIVE))
+def test_auto_uses_native_exactly_for_the_ops_the_build_has(emulate, build):
+    with emulate(build):
+        selection = providers.select_ops()
+        assert {op for op, c in selection.choices.items() if c.provider == "native"} == EXPECTED_NATIVE[build]
+        for op, choice in selection.choices.items():
+            if choice.provider == "torch":
+                assert getattr(selection.eager, op) is getattr(torch_ops, op)
+                assert native.MINIMUM_BUILD[op] in choice.reason
+        # Every build seen validates with .item(): only the max_len embedding may run inside graphs.
+        graph_native = {op for op, c in selection.graph_choices.items() if c.provider == "native"}
+        assert graph_native == ({"embedding_lora_a_fwd"} if build == "full" else set())
+        assert providers.runs_on_device("cpu")
+
+
+def test_older_shrink_name_and_embedding_without_max_len_are_detected(emulate):
+    with emulate("pr506-draft"):
+        choices = providers.select_ops().choices
+    assert choices["chunked_sgmv_lora_shrink_fwd"].kernel.kernel_name == "chunked_sgmv_lora_shrink_forward"
+    assert "max_len" not in choices["embedding_lora_a_fwd"].kernel.arguments
+    assert not choices["embedding_lora_a_fwd"].capture_safe
+
+
+def test_native_mode_with_a_missing_op_names_it_and_the_build_that_has_it(emulate):
+    with emulate("pr506-draft", kernels="native"):
+        with pytest.raises(RuntimeError) as error:
+            providers.select_ops()
+    assert "sgl-kernel-xpu op chunked_sgmv_lora_expand_fwd is unavailable" in str(error.value)
+    assert "Install an sgl-kernel-xpu build with chunked_sgmv_lora_expand_fwd" in str(error.value)
+
+
+def test_backend_construction_fails_at_start_up_in_native_mode(emulate, sglang_plugins_loaded):
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    with emulate("v0.1.0", kernels="native"):
+        with pytest.raises(RuntimeError, match="op sgemm_lora_b_fwd is unavailable"):
+            IntelXpuLoRABackend(max_loras_per_batch=2, device=torch.device("cpu"))
+
+
+# --- bound native calls match the portable ops ---------------------------------------------------
+
+
+def _batch(num_rows=7, num_slots=3, max_rank=4):
+    torch.manual_seed(0)
+    seg_indptr = torch.tensor([0, 3, 3, num_rows], dtype=torch.int32)
+    weight_indices = torch.tensor([2, 0, 1], dtype=torch.int32)
+    ranks = torch.tensor([0, max_rank, 2], dtype=torch.int32)
+    return dict(seg_indptr=seg_indptr, weight_indices=weight_indices, lora_ranks=ranks)
+
+
+def test_each_native_op_matches_the_portable_op(emulate):
+    rows, slots, rank, hidden = 7, 3, 4, 12
+    meta = _batch(rows, slots, rank)
+    permutation = torch.tensor([6, 0, 5, 1, 4, 2, 3], dtype=torch.int32)
+    x = torch.randn(rows, hidden)
+    a = torch.randn(slots, 3 * rank, hidden)
+    mid = torch.randn(rows, 3 * rank)
+    b = torch.randn(slots, 20, rank)
+    base = torch.randn(rows, 20)
+    scalings = torch.tensor([0.5, 2.0, 1.0])
+    offsets = torch.tensor([0, 8, 14, 20], dtype=torch.int32)
+    ids = torch.tensor([0, 5, 9, 10, 3, 11, 2])
+    emb = torch.randn(slots, rank, 11)
+    calls = {
+        "embedding_lora_a_fwd": dict(input_ids=ids, weights=emb, vocab_size=11, max_len=4, **meta),
+        "sgemm_lora_a_fwd": dict(input_x=x, weights=a, stack_num=3, **meta),
+        "sgemm_lora_b_fwd": dict(input_x=mid[:, :rank].contiguous(), weights=b, scalings=scalings, base_output=base, **meta),
+        "qkv_lora_b_fwd": dict(input_x=mid, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8, scalings=scalings, base_output=base, **meta),
+        "gate_up_lora_b_fwd": dict(input_x=mid[:, : 2 * rank].contiguous(), gate_up_lora_b=b, output_dim=10, scalings=scalings, **meta),
+        "chunked_sgmv_lora_shrink_fwd": dict(input_x=x, weights=a, stack_num=3, num_segments=3, permutation=permutation, **meta),
+        "chunked_sgmv_lora_expand_fwd": dict(
+            input_x=mid, weights=b, slice_offsets=offsets, max_slice_size=8, num_slices=3, num_segments=3,
+            scalings=scalings, permutation=permutation, base_output=base, **meta,
+        ),
+    }
+    with emulate("full") as kernel_calls:
+        selection = providers.select_ops()
+        for op, kwargs in calls.items():
+            got = getattr(selection.eager, op)(**kwargs)
+            expected = getattr(torch_ops, op)(**kwargs)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=op)
+        assert set(kernel_calls) == ALL
+
+
+# --- the emulator's contract checks catch violations fed on purpose --------------------------------
+
+
+@pytest.mark.parametrize(
+    "op, change, message",
+    [
+        ("embedding_lora_a_fwd", {"lora_ranks": torch.tensor([0, 4, 2])}, "expected scalar type Int but found torch.int64"),
+        ("sgemm_lora_a_fwd", {"input_x": torch.randn(12, 7).t()}, "input_x must be contiguous"),
+        ("sgemm_lora_a_fwd", {"seg_indptr": torch.tensor([0, 3, 3, 6], dtype=torch.int32)}, r"seg_indptr\[-1\] \(6\) must equal num_tokens \(7\)"),
+        ("sgemm_lora_a_fwd", {"weight_indices": torch.tensor([2, 0, 3], dtype=torch.int32)}, r"weight_indices must be in \[0, 3\)"),
+        ("qkv_lora_b_fwd", {"output_offset": torch.tensor([0, 8, 20], dtype=torch.int32)}, "output_offset must have exactly 4 elements"),
+        ("qkv_lora_b_fwd", {"max_qkv_out_dim": 6}, r"max_qkv_out_dim \(6\) must equal the widest band \(8\)"),
+        ("qkv_lora_b_fwd", {"input_x": torch.randn(7, 8)}, r"input_x.size\(1\) \(8\) must equal 3 \* weights.size\(2\) \(4\)"),
+        ("sgemm_lora_b_fwd", {"base_output": torch.randn(7, 20, dtype=torch.float64)}, "base_output must be float16, bfloat16 or float32"),
+        ("sgemm_lora_a_fwd", {"lora_ranks": torch.tensor([0, 5, 2], dtype=torch.int32)}, r"lora_ranks must be in \[0, 4\]"),
+    ],
+)
+def test_emulator_catches_contract_violations(emulate, op, change, message):
+    meta = _batch()
+    base = {
+        "embedding_lora_a_fwd": dict(input_ids=torch.arange(7), weights=torch.randn(3, 4, 11), vocab_size=11, max_len=4, **meta),
+        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), stack_num=1, **meta),
+        "sgemm_lora_b_fwd": dict(input_x=torch.randn(7, 4), weights=torch.randn(3, 20, 4), scalings=torch.ones(3), **meta),
+        "qkv_lora_b_fwd": dict(
+            input_x=torch.randn(7, 12), qkv_lora_b=torch.randn(3, 20, 4), output_offset=torch.tensor([0, 8, 14, 20], dtype=torch.int32),
+            max_qkv_out_dim=8, scalings=torch.ones(3), **meta,
+        ),
+    }[op]
+    with emulate("full"):
+        bound = getattr(providers.select_ops().eager, op)
+        bound(**base)  # the unmodified call is valid
+        with pytest.raises(RuntimeError, match=message):
+            bound(**{**base, **change})
