@@ -34,6 +34,19 @@ def sglang_version() -> Version | None:
         return None
 
 
+def unresolved_targets() -> dict[str, str]:
+    """Each symbol of :mod:`sglang_xpu_lora.patches.targets` that does not resolve, with the error."""
+    from sglang_xpu_lora.patches import targets
+
+    missing = {}
+    for target in targets.ALL:
+        try:
+            resolve(target)
+        except Exception as exc:  # noqa: BLE001 - any failure means the symbol is unusable
+            missing[target] = f"{type(exc).__name__}: {exc}"
+    return missing
+
+
 def check_host() -> list[str]:
     """Every reason this host cannot take the plugin, as actionable sentences; empty when it can.
 
@@ -50,12 +63,7 @@ def check_host() -> list[str]:
             f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG}: install sglang==0.5.23 "
             "or a sglang-xpu-lora release that supports this SGLang"
         ]
-    problems = []
-    for target in targets.ALL:
-        try:
-            resolve(target)
-        except Exception as exc:  # noqa: BLE001 - any failure means the symbol is unusable
-            problems.append(f"SGLang {version} has no {target} ({type(exc).__name__}: {exc})")
+    problems = [f"SGLang {version} has no {target} ({error})" for target, error in unresolved_targets().items()]
     for target, names in targets.REQUIRED_PARAMETERS.items():
         try:
             params = inspect.signature(resolve(target)).parameters

@@ -163,3 +163,11 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
     assert "CHOICES ['echo_native', 'intel_xpu']" in result.stdout, result.stderr[-3000:]
     assert "ECHO EchoLoRABackend" in result.stdout
     assert "PARSED echo_native" in result.stdout
+
+
+def test_native_mode_with_a_missing_kernel_fails_validation_naming_it(run_python, tiny_artifacts):
+    code = VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"])
+    result = run_python(code, env={"SGLANG_XPU_LORA_KERNELS": "native", "SGLANG_XPU_LORA_EMULATED_BUILD": "v0.1.0"})
+    assert "INVALID SGLANG_XPU_LORA_KERNELS=native: sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable" in result.stdout, (
+        result.stdout + result.stderr[-3000:]
+    )

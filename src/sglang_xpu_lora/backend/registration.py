@@ -6,7 +6,7 @@ SGLang resolves ``--lora-backend intel_xpu``.
 
 from __future__ import annotations
 
-from sglang_xpu_lora.providers import KERNELS_ENV, runs_on_device
+from sglang_xpu_lora.providers import KERNELS_ENV, runs_on_device, select_ops
 from sglang_xpu_lora.registry import LoRABackendSpec, hookimpl
 
 
@@ -22,6 +22,7 @@ INTEL_XPU = LoRABackendSpec(
     device="xpu",
     runs_on_other_devices=runs_on_device,
     other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
+    preflight=select_ops,
     needs_max_rank_spaced_layout=True,
 )
 

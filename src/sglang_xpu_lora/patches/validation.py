@@ -1,7 +1,8 @@
 """Target: sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER)
 Why: a backend that needs a device (``intel_xpu`` needs ``xpu``) must fail at argument validation
     with a message naming both flags, like SGLang's ``--sampling-backend intel_xpu`` check
-    (``validate_device_sampling_backend``), not deep inside a kernel later.
+    (``validate_device_sampling_backend``), not deep inside a kernel later; likewise a backend
+    whose kernels are missing (the spec's ``preflight``), before any worker process starts.
 How: an AFTER hook; it runs after resolution, so an auto-detected device is already filled in.
     ``check_server_args`` imports ``check_lora_server_args`` inside the function, so the patched
     module attribute is what it calls.
@@ -19,7 +20,8 @@ from sglang_xpu_lora.registry import LoRABackendRegistry
 
 
 def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> None:
-    """Raise ``ValueError`` when the chosen plugin backend cannot run on the resolved device."""
+    """Raise ``ValueError`` when the chosen plugin backend cannot run on the resolved device, or
+    its preflight fails."""
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     if not cfg.enable_lora:
         return
@@ -29,6 +31,11 @@ def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> Non
     error = spec.device_error(cfg.device)
     if error:
         raise ValueError(error)
+    if spec.preflight is not None:
+        try:
+            spec.preflight()
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from exc
 
 
 def apply(registry: LoRABackendRegistry) -> None:

@@ -1,0 +1,138 @@
+"""``sglang-xpu-lora doctor``: can this machine serve ``--lora-backend intel_xpu``, and how?
+
+Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
+provider each of the seven LoRA ops uses outside and inside graphs and why, and whether every SGLang
+patch point was found. Exit status 0 when the configuration can serve, 1 otherwise. ``--json``
+prints the same report as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+
+def collect() -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (see module docstring).
+
+    Runs SGLang's ``load_plugins()`` first, as every SGLang process does, so kernel builds or
+    shims that plugins register are seen exactly as the server would see them.
+    """
+    import torch
+
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:
+        pass
+    else:
+        load_plugins()
+
+    from sglang_xpu_lora import __version__, compat, providers
+    from sglang_xpu_lora.backend.registration import INTEL_XPU
+    from sglang_xpu_lora.patches import targets
+    from sglang_xpu_lora.providers import native
+
+    xpu = getattr(torch, "xpu", None)
+    xpu_visible = bool(xpu is not None and xpu.is_available())
+    device = "xpu" if xpu_visible else "cpu"
+    version = compat.sglang_version()
+    host_problems = compat.check_host()
+    report: dict[str, Any] = {
+        "plugin": __version__,
+        "sglang": str(version) if version else None,
+        "sglang_supported": str(compat.SUPPORTED_SGLANG),
+        "torch": torch.__version__,
+        "kernel_build": native.kernel_build()[1],
+        "xpu_visible": xpu_visible,
+        "device": device,
+        "problems": [],
+    }
+    try:
+        report["kernels"] = providers.kernels_choice()
+        with _quiet(providers.logger):  # the report says it all, once
+            selection = providers.select_ops()
+    except (ValueError, RuntimeError) as exc:
+        report.setdefault("kernels", None)
+        report["ops"] = []
+        report["problems"].append(str(exc))
+    else:
+        report["ops"] = [
+            {
+                "op": op,
+                "provider": choice.provider,
+                "kernel": getattr(choice.kernel, "kernel_name", None),
+                "capture_safe": choice.capture_safe,
+                "graph_provider": selection.graph_choices[op].provider,
+                "reason": choice.reason,
+            }
+            for op, choice in selection.choices.items()
+        ]
+        try:
+            device_error = INTEL_XPU.device_error(device)
+        except ValueError as exc:
+            device_error = str(exc)
+        if device_error:
+            report["problems"].append(device_error)
+    missing = compat.unresolved_targets() if version else {}
+    report["patch_points"] = [{"symbol": target, "found": version is not None and target not in missing} for target in targets.ALL]
+    report["problems"].extend(host_problems)
+    report["can_serve"] = not report["problems"]
+    return report
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger):
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text for a person."""
+    lines = [
+        f"sglang-xpu-lora {report['plugin']}",
+        f"  SGLang        {report['sglang'] or 'not installed'} (supported {report['sglang_supported']})",
+        f"  torch         {report['torch']}",
+        f"  kernel build  {report['kernel_build']}",
+        f"  XPU visible   {'yes' if report['xpu_visible'] else 'no'} (serving device: {report['device']})",
+        f"  SGLANG_XPU_LORA_KERNELS={report['kernels']}",
+        "",
+        "LoRA ops (eager provider / inside graphs, capture-safe, why):",
+    ]
+    width = max((len(op["op"]) for op in report["ops"]), default=0)
+    for op in report["ops"]:
+        safe = "capture-safe" if op["capture_safe"] else "not capture-safe"
+        lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
+    found = sum(p["found"] for p in report["patch_points"])
+    lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
+    lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]
+    lines.append("")
+    if report["can_serve"]:
+        lines.append("OK: --lora-backend intel_xpu can serve on this machine.")
+    else:
+        lines.append("CANNOT SERVE --lora-backend intel_xpu:")
+        lines += [f"  - {problem}" for problem in report["problems"]]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console script ``sglang-xpu-lora``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="sglang-xpu-lora", description="sglang-xpu-lora tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser("doctor", help="check whether this machine can serve --lora-backend intel_xpu")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0 if report["can_serve"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
