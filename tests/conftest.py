@@ -13,10 +13,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
-    """The project's tiny Llama model, tokenizer and PEFT adapters (built once per session)."""
+    """The project's tiny Llama model, tokenizer and PEFT adapters, the embedding/lm_head adapter
+    included (built once per session)."""
     from sglang_cpu_devsupport import tiny_model
 
-    return tiny_model.build_all(tmp_path_factory.mktemp("tiny"))
+    adapters = (*tiny_model.DEFAULT_ADAPTERS, tiny_model.EMBEDDING_ADAPTER)
+    return tiny_model.build_all(tmp_path_factory.mktemp("tiny"), adapters=adapters)
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +30,23 @@ def sglang_plugins_loaded():
     from sglang_xpu_lora import plugin
 
     assert plugin.host_problems == [], plugin.host_problems
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    """``with emulate("full", kernels="auto") as calls:`` installs an emulated sgl-kernel-xpu build
+    for the block only; ``calls`` counts kernel calls."""
+    import contextlib
+
+    from sglang_cpu_devsupport import kernel_emulator
+
+    @contextlib.contextmanager
+    def use(build: str, kernels: str = "auto"):
+        monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
+        kernel_emulator.install(build)
+        try:
+            yield kernel_emulator.CALLS
+        finally:
+            kernel_emulator.uninstall()
+
+    return use

@@ -63,19 +63,22 @@ def check_host() -> list[str]:
             f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG}: install sglang==0.5.23 "
             "or a sglang-xpu-lora release that supports this SGLang"
         ]
-    problems = [f"SGLang {version} has no {target} ({error})" for target, error in unresolved_targets().items()]
+    unresolved = unresolved_targets()
+    problems = [f"SGLang {version} has no {target} ({error})" for target, error in unresolved.items()]
     for target, names in targets.REQUIRED_PARAMETERS.items():
-        try:
-            params = inspect.signature(resolve(target)).parameters
-        except Exception:  # noqa: BLE001 - already reported above
+        if target in unresolved:
             continue
+        params = inspect.signature(resolve(target)).parameters
         missing = [n for n in names if n not in params]
         if missing:
             problems.append(f"SGLang {version}: {target} lacks parameter(s) {', '.join(missing)}")
     for target, anchor, why in targets.REQUIRED_SOURCE:
+        if target in unresolved:
+            continue
         try:
             source = inspect.getsource(resolve(target))
-        except Exception:  # noqa: BLE001 - already reported above
+        except (OSError, TypeError) as exc:
+            problems.append(f"SGLang {version}: cannot read the source of {target} to check {why} ({exc})")
             continue
         if anchor not in source:
             problems.append(f"SGLang {version}: {target} no longer contains {anchor!r} ({why})")

@@ -143,3 +143,35 @@ def test_init_memory_pool_marks_only_managers_whose_backend_declares_it(sglang_p
             LoRAManager.init_memory_pool(manager)
             marks[backend_name] = getattr(manager.memory_pool, SPACED_LAYOUT_ATTR)
     assert marks == {"intel_xpu": True, "torch_native": False}
+
+
+@pytest.mark.parametrize("spaced", [True, False], ids=["pool-patch", "pool-patch-removed"])
+def test_kernels_are_exact_only_on_the_patched_layout(pool_env, spaced):
+    """The protection, and what removing it does: the full-max_rank kernels read a rank-8 adapter
+    loaded over a rank-16 one exactly from the patched pool, and wrongly from SGLang's packed one."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    pool = pool_env.new_pool(spaced=spaced)
+    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
+    small, raw = pool_env.adapter("sql-r8")
+    pool_env.load(pool, "sql", 1, small)
+    a, b = pool.A_buffer["qkv_proj"][0], pool.B_buffer["qkv_proj"][0]
+    x = torch.randn(5, a.shape[2])
+    meta = dict(seg_indptr=torch.tensor([0, 5], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
+                lora_ranks=torch.tensor([0, 8], dtype=torch.int32))
+    scaling = small.scaling
+    q, k, v = (peft_weight(raw, 0, proj, "B").shape[0] for proj in STACKED["qkv_proj"])
+    out = torch_ops.qkv_lora_b_fwd(
+        input_x=torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), qkv_lora_b=b,
+        output_offset=torch.tensor([0, q, q + k, q + k + v], dtype=torch.int32), max_qkv_out_dim=q,
+        scalings=torch.tensor([0.0, scaling]), **meta,
+    )
+    expected = torch.cat(
+        [scaling * x @ peft_weight(raw, 0, proj, "A").T @ peft_weight(raw, 0, proj, "B").T for proj in STACKED["qkv_proj"]],
+        dim=1,
+    )
+    error = float((out - expected).abs().max())
+    if spaced:
+        assert error < 1e-4
+    else:
+        assert error > 0.1  # a stale / mis-strided slot is caught by the same comparison

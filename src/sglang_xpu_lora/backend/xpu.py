@@ -57,16 +57,22 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.op_selection = select_ops()
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
-        """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
-
-        SGLang's eager path makes ``lora_ranks`` int64 (the graph buffers are int32); the
-        sgl-kernel-xpu embedding op reads int32 as passed, so every batch info of this batch gets
-        int32 ``lora_ranks`` here rather than a cast in every layer.
-        """
+        """SGLang's Triton batch preparation, then the kernels' index contract, once per batch."""
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
+        self._int32_lora_ranks()
+
+    def prepare_lora_token_segments(self, **kwargs) -> None:
+        """SGLang's explicit token segments (UNO speculative path), then the index contract."""
+        super().prepare_lora_token_segments(**kwargs)
+        self._int32_lora_ranks()
+
+    def _int32_lora_ranks(self) -> None:
+        """SGLang's eager paths make ``lora_ranks`` int64 (its graph buffers are int32); the
+        sgl-kernel-xpu embedding op reads int32 as passed. Convert every batch info of this batch
+        once here rather than cast in every layer."""
         infos = [self.batch_info, self.sgemm_batch_info, self.lm_head_batch_info, *(self.lm_head_pass_batch_infos or ())]
         converted = {}
         for info in infos:

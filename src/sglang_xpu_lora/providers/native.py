@@ -29,12 +29,13 @@ KERNEL_NAMES = {op: (op,) for op in OP_NAMES} | {
     "chunked_sgmv_lora_shrink_fwd": ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_shrink_forward"),
 }
 
-#: The first sgl-kernel-xpu build that has each op (shared/research, kernels note section 1.0).
+#: The first sgl-kernel-xpu build that has each op (shared/research, kernels note section 1.0; the
+#: releases after v0.1.0 are published on GitHub only, so later ones are named by their PR).
 MINIMUM_BUILD = {
     "embedding_lora_a_fwd": "sgl-kernel-xpu v0.1.0",
     "sgemm_lora_a_fwd": "sgl-kernel-xpu v0.1.0",
-    "sgemm_lora_b_fwd": "sgl-kernel-xpu 0.2.0 (PR #356)",
-    "qkv_lora_b_fwd": "sgl-kernel-xpu 0.2.0 (PR #393)",
+    "sgemm_lora_b_fwd": "an sgl-kernel-xpu build with PR #356 (probably 0.2.0)",
+    "qkv_lora_b_fwd": "an sgl-kernel-xpu build with PR #393 (probably 0.2.0)",
     "gate_up_lora_b_fwd": "an sgl-kernel-xpu build with PR #490 (gate_up_lora_b_fwd)",
     "chunked_sgmv_lora_shrink_fwd": "an sgl-kernel-xpu build with PR #506 (chunked SGMV shrink)",
     "chunked_sgmv_lora_expand_fwd": "an sgl-kernel-xpu build with chunked_sgmv_lora_expand_fwd (after PR #506)",
@@ -82,12 +83,10 @@ def kernel_build() -> tuple[Optional[Any], str]:
 
 
 def _schema_arguments(kernel_name: str) -> Optional[list]:
-    namespace = torch.ops.sgl_kernel
     try:
-        packet = getattr(namespace, kernel_name)
-    except (AttributeError, RuntimeError):
+        return list(getattr(torch.ops.sgl_kernel, kernel_name).default._schema.arguments)
+    except (AttributeError, RuntimeError):  # no such op, or no default overload
         return None
-    return list(packet.default._schema.arguments)
 
 
 def detect_op(op: str, parameters: tuple[str, ...]) -> tuple[Optional[KernelOp], str]:

@@ -39,22 +39,26 @@ def _row_slots(
     """Pool slot of every physical token row: ``(num_rows,)`` int64, ``-1`` outside all segments.
 
     Segment ``s`` covers logical positions ``[seg_indptr[s], seg_indptr[s + 1])``; with a
-    permutation, logical position ``i`` is physical row ``permutation[i]``.
+    permutation, logical position ``i`` is physical row ``permutation[i]``. Positions outside
+    ``[seg_indptr[0], seg_indptr[-1])`` belong to no segment. In a replayed decode graph the rows
+    past the live batch are padding and ``permutation`` entries past ``seg_indptr[-1]`` are left
+    over from earlier batches: they are ignored, whatever rows they point at.
     """
     device = seg_indptr.device
+    num_segments = seg_indptr.numel() - 1
     positions = torch.arange(num_rows, device=device, dtype=seg_indptr.dtype)
     # Last segment whose start is <= position; empty segments are skipped by right=True.
     segment = torch.searchsorted(seg_indptr.contiguous(), positions, right=True) - 1
-    slot_of_segment = torch.cat(
-        [weight_indices.to(torch.int64), torch.full((1,), -1, dtype=torch.int64, device=device)]
-    )
-    # Positions at or past seg_indptr[-1] land on the appended -1.
-    logical = slot_of_segment[segment.clamp(min=0, max=weight_indices.numel())]
+    inside = (positions >= seg_indptr[0]) & (positions < seg_indptr[-1])
+    slot = weight_indices[: max(num_segments, 0)].to(torch.int64)[segment.clamp(0, max(num_segments - 1, 0))]
+    logical = torch.where(inside, slot, -1) if num_segments > 0 else torch.full_like(segment, -1, dtype=torch.int64)
     if permutation is None:
         return logical
+    # Scatter through the permutation; stale entries (logical -1) are sent to row 0 and lose
+    # against any real slot under amax, so they can neither clear nor overwrite a live row.
+    targets = torch.where(inside, permutation[:num_rows].to(torch.int64), 0)
     physical = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
-    physical[permutation[:num_rows].to(torch.int64)] = logical
-    return physical
+    return physical.scatter_reduce(0, targets, logical, reduce="amax")
 
 
 def _shrink(x: torch.Tensor, weights: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
