@@ -23,7 +23,7 @@ from pathlib import Path
 from sglang_cpu_devsupport import serving, tiny_model
 
 PROMPT = "def main(self):"
-MAX_NEW_TOKENS = 16
+MAX_NEW_TOKENS = serving.GREEDY_TOKENS
 LOGPROB_TOLERANCE = 1e-4  # float32 engine vs float32 transformers, same weights
 
 
@@ -49,7 +49,7 @@ def main() -> int:
     progress = Progress(total=5)
     progress("building the tiny model, tokenizer and adapters (reused when already built)")
     paths = tiny_model.build_all(args.artifacts, progress=progress.note)
-    adapters = [spec.name for spec in tiny_model.DEFAULT_ADAPTERS]
+    adapters = list(tiny_model.ADAPTER_NAMES)
 
     from transformers import AutoTokenizer
 

@@ -12,24 +12,21 @@ emulated build, every kernel call is logged, so the test asserts which ops ran n
 
 from __future__ import annotations
 
-import functools
-import json
-import os
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from sglang_cpu_devsupport import kernel_emulator, serving, tiny_model
 
+ADAPTERS = list(tiny_model.ADAPTER_NAMES)
+MAX_NEW_TOKENS = serving.GREEDY_TOKENS
+
 pytestmark = pytest.mark.e2e
 
 LOGPROB_TOLERANCE = 1e-4
-MAX_NEW_TOKENS = 16
 PROMPTS = ["def main(self):", "import os\nfor path in", "class Foo(object):\n    def"]
-ADAPTERS = [spec.name for spec in tiny_model.DEFAULT_ADAPTERS]
 LORAS = [None, *ADAPTERS]
 GEMM_OPS = {"sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd"}
 CHUNKED_OPS = {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}
@@ -46,49 +43,12 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_artifacts):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_artifacts["base"])
-
-
-@pytest.fixture(scope="module")
-def hf_reference(tiny_artifacts, tokenizer):
-    @functools.lru_cache(maxsize=None)
-    def reference(prompt, lora):
-        adapter = tiny_artifacts[lora] if lora else None
-        return serving.hf_reference(tiny_artifacts["base"], adapter, tokenizer.encode(prompt), MAX_NEW_TOKENS)
-
-    return reference
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def engine_run(request, tiny_artifacts, tokenizer, tmp_path_factory):
+def engine_run(request, run_engine):
     """One mixed batch (every prompt x base and every adapter) through one engine per configuration."""
     env, expected_native = CONFIGS[request.param]
-    work = tmp_path_factory.mktemp(request.param)
-    requests = [(prompt, lora) for prompt in PROMPTS for lora in LORAS]
-    spec = {
-        "artifacts": {name: str(path) for name, path in tiny_artifacts.items()},
-        "adapters": ADAPTERS,
-        "prompts_ids": [tokenizer.encode(prompt) for prompt, _ in requests],
-        "loras": [lora for _, lora in requests],
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "vocab_size": tiny_model.VOCAB_SIZE,
-    }
-    (work / "request.json").write_text(json.dumps(spec))
-    log = work / "kernel_calls.log"
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
-    child_env.update(serving.cpu_env(), **env, **{kernel_emulator.LOG_ENV: str(log)})
-    result = subprocess.run(
-        [sys.executable, "-m", "sglang_cpu_devsupport.engine_batch", str(work / "request.json"), str(work / "result.json")],
-        env=child_env, capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    outputs = json.loads((work / "result.json").read_text())
-    called = set(log.read_text().split()) if log.exists() else set()
-    return dict(zip(requests, outputs)), called, expected_native
+    (outputs,), kernels = run_engine(request.param, [[(p, lora) for p in PROMPTS for lora in LORAS]], env)
+    return outputs, kernels, expected_native
 
 
 @pytest.mark.parametrize("lora", LORAS, ids=lambda lora: lora or "base")

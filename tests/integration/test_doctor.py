@@ -1,35 +1,32 @@
-"""``sglang-xpu-lora doctor`` for a full, a partial and no kernel build (fresh processes)."""
+"""``sglang-xpu-lora doctor`` for a full, a partial and no kernel build."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
-import sys
 
 import pytest
 
-from sglang_cpu_devsupport import kernel_emulator
+from sglang_xpu_lora import doctor
 from sglang_xpu_lora.providers.base import OP_NAMES
 
 
-def doctor(*args, **env):
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
-    child_env.update({"SGLANG_USE_CPU_ENGINE": "1", **env})
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_xpu_lora.doctor", "doctor", *args],
-        env=child_env, capture_output=True, text=True, timeout=300,
-    )
+def run_doctor(capsys, *args):
+    status = doctor.main(["doctor", *args])
+    out = capsys.readouterr().out
+    return status, (json.loads(out) if "--json" in args else out)
 
 
 def providers_of(report):
     return {op["op"]: (op["provider"], op["graph_provider"], op["capture_safe"]) for op in report["ops"]}
 
 
-def test_full_build():
-    result = doctor("--json", **{kernel_emulator.BUILD_ENV: "full"})
-    report = json.loads(result.stdout)
-    assert result.returncode == 0 and report["can_serve"], report["problems"]
+def test_full_build(emulate, capsys, sglang_plugins_loaded):
+    with emulate("full"):
+        status, report = run_doctor(capsys, "--json")
+    assert status == 0 and report["can_serve"], report["problems"]
     ops = providers_of(report)
     assert set(ops) == set(OP_NAMES)
     assert ops["embedding_lora_a_fwd"] == ("native", "native", True)
@@ -38,29 +35,42 @@ def test_full_build():
     assert report["sglang"] == "0.5.23" and report["xpu_visible"] is False
 
 
-def test_partial_build_in_auto_and_native_mode():
-    auto = doctor("--json", **{kernel_emulator.BUILD_ENV: "v0.1.0"})
-    report = json.loads(auto.stdout)
-    assert auto.returncode == 0
+def test_partial_build_in_auto_and_native_mode(emulate, capsys, sglang_plugins_loaded):
+    with emulate("v0.1.0"):
+        status, report = run_doctor(capsys, "--json")
+    assert status == 0
     native = {op for op, (provider, _, _) in providers_of(report).items() if provider == "native"}
     assert native == {"embedding_lora_a_fwd", "sgemm_lora_a_fwd"}
     reason = {op["op"]: op["reason"] for op in report["ops"]}["qkv_lora_b_fwd"]
     assert "native op missing: not in the installed build (first in an sgl-kernel-xpu build with PR #393" in reason
 
-    strict = doctor(**{kernel_emulator.BUILD_ENV: "v0.1.0", "SGLANG_XPU_LORA_KERNELS": "native"})
-    assert strict.returncode == 1
-    assert "CANNOT SERVE --lora-backend intel_xpu:" in strict.stdout
-    assert "sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable" in strict.stdout
+    with emulate("v0.1.0", kernels="native"):
+        status, text = run_doctor(capsys)
+    assert status == 1
+    assert "CANNOT SERVE --lora-backend intel_xpu:" in text
+    assert "sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable" in text
 
 
 @pytest.mark.parametrize("kernels, status", [("auto", 1), ("torch", 0)])
-def test_no_build(kernels, status):
-    result = doctor(SGLANG_XPU_LORA_KERNELS=kernels)
-    assert result.returncode == status, result.stdout + result.stderr[-2000:]
-    assert "kernel build  sgl_kernel 0.0.0+cpu-devsupport-stub" in result.stdout
-    assert "SGLang patch points: " in result.stdout and " found" in result.stdout
+def test_no_build(kernels, status, capsys, monkeypatch, sglang_plugins_loaded):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
+    got, text = run_doctor(capsys)
+    assert got == status, text
+    assert "kernel build  sgl_kernel 0.0.0+cpu-devsupport-stub" in text
+    assert "SGLang patch points: " in text
     if status:
-        assert "--lora-backend intel_xpu requires --device xpu, got --device cpu" in result.stdout
+        assert "--lora-backend intel_xpu requires --device xpu, got --device cpu" in text
     else:
-        assert "OK: --lora-backend intel_xpu can serve on this machine." in result.stdout
-        assert result.stdout.count("  torch / torch ") == len(OP_NAMES)
+        assert "OK: --lora-backend intel_xpu can serve on this machine." in text
+        assert text.count("  torch / torch ") == len(OP_NAMES)
+
+
+def test_console_script_in_a_fresh_process():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
+    env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_XPU_LORA_KERNELS="torch")
+    result = subprocess.run(
+        [shutil.which("sglang-xpu-lora"), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["can_serve"] and report["kernels"] == "torch"

@@ -50,17 +50,12 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
 
 
-def test_cli_accepts_lora_backend_intel_xpu(run_python, tiny_artifacts):
-    code = LOAD + PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="intel_xpu")
-    result = run_python(code)
+def test_cli_accepts_lora_backend_intel_xpu_and_still_rejects_unknown_backends(run_python, tiny_artifacts):
+    accept = PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="intel_xpu")
+    reject = PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="nope")
+    result = run_python(LOAD + accept + reject)
     assert "PARSED intel_xpu" in result.stdout, result.stderr[-3000:]
-
-
-def test_cli_still_rejects_unknown_backends(run_python, tiny_artifacts):
-    code = LOAD + PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="nope")
-    result = run_python(code)
-    assert result.returncode != 0
-    assert "invalid choice: 'nope'" in result.stderr
+    assert result.returncode != 0 and "invalid choice: 'nope'" in result.stderr
 
 
 def test_launch_server_cli_parses_intel_xpu(tiny_artifacts):
@@ -73,38 +68,49 @@ def test_launch_server_cli_parses_intel_xpu(tiny_artifacts):
 
 
 VALIDATE = """
+import os
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
-args = prepare_server_args(["--model-path", "{model}", "--device", "cpu", "--enable-lora", "--lora-paths",
-                            "a={adapter}", "--lora-backend", "intel_xpu", "--max-lora-rank", "32"])
-args.resolve_once()  # as Engine._launch_subprocesses does before check_server_args()
-try:
-    args.check_server_args()
-    print("VALID")
-except ValueError as exc:
-    print("INVALID", exc)
+from sglang_cpu_devsupport import kernel_emulator
+
+def validate(kernels, build=None):
+    os.environ["SGLANG_XPU_LORA_KERNELS"] = kernels
+    if build:
+        kernel_emulator.install(build)
+    args = prepare_server_args(["--model-path", "{model}", "--device", "cpu", "--enable-lora", "--lora-paths",
+                                "a={adapter}", "--lora-backend", "intel_xpu", "--max-lora-rank", "32"])
+    args.resolve_once()  # as Engine._launch_subprocesses does before check_server_args()
+    try:
+        args.check_server_args()
+        print(kernels, build, "VALID")
+    except ValueError as exc:
+        print(kernels, build, "INVALID", exc)
+    finally:
+        kernel_emulator.uninstall()
+
+validate("auto")
+validate("torch")
+validate("fast")
+validate("native", "v0.1.0")
+validate("auto", "v0.1.0")
 """
 
 
-def test_intel_xpu_on_cpu_fails_validation_naming_both_flags(run_python, tiny_artifacts):
+def test_validation_of_intel_xpu_on_cpu(run_python, tiny_artifacts):
+    """Validation, as Engine runs it: the device check names both flags unless portable kernels (or
+    a kernel build with CPU implementations) are selected; a bad selector and a missing native
+    kernel fail there too, before any worker process starts."""
     result = run_python(VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"]))
+    lines = result.stdout.splitlines()
     assert (
-        "INVALID --lora-backend intel_xpu requires --device xpu, got --device cpu; "
+        "auto None INVALID --lora-backend intel_xpu requires --device xpu, got --device cpu; "
         "set SGLANG_XPU_LORA_KERNELS=torch to run the portable PyTorch LoRA kernels on it"
-    ) in result.stdout, result.stderr[-3000:]
-
-
-def test_intel_xpu_on_cpu_validates_with_portable_kernels(run_python, tiny_artifacts):
-    code = VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"])
-    result = run_python(code, env={"SGLANG_XPU_LORA_KERNELS": "torch"})
-    assert "VALID" in result.stdout.split(), result.stdout + result.stderr[-3000:]
-
-
-def test_invalid_kernel_selector_fails_validation(run_python, tiny_artifacts):
-    code = VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"])
-    result = run_python(code, env={"SGLANG_XPU_LORA_KERNELS": "fast"})
-    assert "INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, torch" in result.stdout, result.stderr[-3000:]
+    ) in lines, result.stdout + result.stderr[-3000:]
+    assert "torch None VALID" in lines
+    assert "fast None INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, torch; unset it or set SGLANG_XPU_LORA_KERNELS=torch for the portable kernels" in lines
+    assert any(line.startswith("native v0.1.0 INVALID SGLANG_XPU_LORA_KERNELS=native: sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable") for line in lines)
+    assert "auto v0.1.0 VALID" in lines  # the emulated build registers CPU kernels
 
 
 THROWAWAY_PYPROJECT = """
@@ -164,10 +170,3 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
     assert "ECHO EchoLoRABackend" in result.stdout
     assert "PARSED echo_native" in result.stdout
 
-
-def test_native_mode_with_a_missing_kernel_fails_validation_naming_it(run_python, tiny_artifacts):
-    code = VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"])
-    result = run_python(code, env={"SGLANG_XPU_LORA_KERNELS": "native", "SGLANG_XPU_LORA_EMULATED_BUILD": "v0.1.0"})
-    assert "INVALID SGLANG_XPU_LORA_KERNELS=native: sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable" in result.stdout, (
-        result.stdout + result.stderr[-3000:]
-    )

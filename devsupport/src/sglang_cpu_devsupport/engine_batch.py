@@ -1,14 +1,18 @@
-"""Run one mixed batch through ``sglang.Engine`` in a fresh process and write the results as JSON.
+"""Run batches through ``sglang.Engine`` in a fresh process and write the results as JSON.
 
-Used by the end-to-end tests so that each configuration (kernel selector, emulated kernel build)
-gets its own process: SGLang loads plugins once per process and an emulated build cannot be
-swapped out. Usage::
+Used by the end-to-end tests so that each configuration (kernel selector, emulated kernel build,
+engine flags) gets its own process: SGLang loads plugins once per process and an emulated build
+cannot be swapped out. Usage::
 
     python -m sglang_cpu_devsupport.engine_batch REQUEST.json RESULT.json
 
-REQUEST: ``{"artifacts": {name: path}, "adapters": [...], "prompts_ids": [[...]], "loras": [...],
-"max_new_tokens": n, "vocab_size": v, "engine": {extra Engine kwargs}}``.
-RESULT: ``[{"output_ids": [...], "text": str, "first_logprobs": [v floats]}]`` per request.
+REQUEST: ``{"artifacts": {name: path}, "adapters": [...], "rounds": [{"prompts_ids": [[...]],
+"loras": [...]} | {"load": {"lora_name": ..., "lora_path": ...}} | {"unload": {"lora_name": ...}}, ...],
+"max_new_tokens": n, "vocab_size": v, "engine": {Engine kwargs overrides}}``.
+Rounds run one after another (so a small ``max_loras_per_batch`` forces evictions between them);
+``load``/``unload`` rounds call ``Engine.load_lora_adapter`` / ``unload_lora_adapter``.
+RESULT: one entry per round: for a batch, a list of ``{"output_ids": [...], "text": str,
+"first_logprobs": [v floats]}``; for load/unload, ``{"success": bool, "error": str}``.
 """
 
 from __future__ import annotations
@@ -26,24 +30,33 @@ def main(request_path: str, result_path: str) -> None:
     request = json.loads(Path(request_path).read_text())
     paths = {name: Path(p) for name, p in request["artifacts"].items()}
     engine = sglang.Engine(**serving.engine_kwargs(paths, request["adapters"], **request.get("engine", {})))
+    results = []
     try:
-        outputs = engine.generate(
-            input_ids=request["prompts_ids"],
-            lora_path=request["loras"],
-            sampling_params={"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True},
-            return_logprob=True,
-            top_logprobs_num=request["vocab_size"],
-        )
+        for batch in request["rounds"]:
+            if "load" in batch or "unload" in batch:
+                action = engine.load_lora_adapter if "load" in batch else engine.unload_lora_adapter
+                response = action(**(batch.get("load") or batch["unload"]))
+                results.append({"success": bool(response.success), "error": response.error_message or ""})
+                continue
+            outputs = engine.generate(
+                input_ids=batch["prompts_ids"],
+                lora_path=batch["loras"],
+                sampling_params={"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True},
+                return_logprob=True,
+                top_logprobs_num=request["vocab_size"],
+            )
+            results.append(
+                [
+                    {
+                        "output_ids": out["output_ids"],
+                        "text": out["text"],
+                        "first_logprobs": serving.first_token_logprobs(out["meta_info"], request["vocab_size"]).tolist(),
+                    }
+                    for out in outputs
+                ]
+            )
     finally:
         engine.shutdown()
-    results = [
-        {
-            "output_ids": out["output_ids"],
-            "text": out["text"],
-            "first_logprobs": serving.first_token_logprobs(out["meta_info"], request["vocab_size"]).tolist(),
-        }
-        for out in outputs
-    ]
     Path(result_path).write_text(json.dumps(results))
 
 

@@ -29,24 +29,29 @@ CPU_ENGINE_SETTINGS = dict(
 )
 
 
+#: Greedy tokens compared per request in the example and the end-to-end tests.
+GREEDY_TOKENS = 16
+
+
 def cpu_env(kernels: str = "torch") -> dict[str, str]:
     """Environment for an intel_xpu run on CPU: the CPU engine plus the portable-kernel selector."""
     return {**CPU_ENGINE_ENV, "SGLANG_XPU_LORA_KERNELS": kernels}
 
 
 def engine_kwargs(paths: dict[str, Path], adapters: Sequence[str], **overrides) -> dict:
-    """``sglang.Engine`` keyword arguments serving ``adapters`` through ``intel_xpu`` on CPU."""
-    return dict(
-        model_path=str(paths["base"]),
-        enable_lora=True,
-        lora_paths=[f"{name}={paths[name]}" for name in adapters],
-        lora_backend="intel_xpu",
-        max_lora_rank=32,
-        max_loras_per_batch=len(adapters) + 1,
-        log_level="error",
+    """``sglang.Engine`` keyword arguments serving ``adapters`` through ``intel_xpu`` on CPU;
+    ``overrides`` replace any of them."""
+    return {
+        "model_path": str(paths["base"]),
+        "enable_lora": True,
+        "lora_paths": [f"{name}={paths[name]}" for name in adapters],
+        "lora_backend": "intel_xpu",
+        "max_lora_rank": 32,
+        "max_loras_per_batch": len(adapters) + 1,
+        "log_level": "error",
         **CPU_ENGINE_SETTINGS,
         **overrides,
-    )
+    }
 
 
 def server_argv(paths: dict[str, Path], adapters: Sequence[str], port: int) -> list[str]:
@@ -107,12 +112,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class HTTPStatusError(RuntimeError):
+    """A non-2xx answer; ``status`` and ``body`` hold what the server said."""
+
+    def __init__(self, url: str, status: int, body: str):
+        super().__init__(f"{url}: HTTP {status}: {body[:500]}")
+        self.status, self.body = status, body
+
+
 def post_json(url: str, payload: dict, timeout: float = 120.0) -> dict:
+    """POST ``payload`` as JSON and return the decoded answer; raises :class:`HTTPStatusError`."""
     request = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise HTTPStatusError(url, exc.code, exc.read().decode(errors="replace")) from None
 
 
 @contextlib.contextmanager

@@ -32,6 +32,9 @@ DEFAULT_ADAPTERS = (
     AdapterSpec("doc-r16", rank=16, alpha=32, seed=2),
     AdapterSpec("qv-r4", rank=4, alpha=8, target_modules=("q_proj", "v_proj"), seed=3),
 )
+ADAPTER_NAMES = tuple(spec.name for spec in DEFAULT_ADAPTERS)
+#: An adapter on the input embedding and the lm_head (plus q/v), rank below the pool's maximum.
+EMBEDDING_ADAPTER = AdapterSpec("emb-head-r8", rank=8, alpha=16, target_modules=("embed_tokens", "lm_head", "q_proj", "v_proj"), seed=4)
 
 
 def _train_tokenizer(out_dir: Path) -> None:
@@ -101,9 +104,9 @@ def _build_adapter(base_dir: Path, out_dir: Path, spec: AdapterSpec) -> None:
     generator = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
+            if "lora_" in name:  # lora_A/lora_B and, for embeddings, lora_embedding_A/B
                 # Nonzero B (PEFT initialises it to zero), so every adapter changes the output.
-                std = 0.05 if "lora_B" in name else 0.1
+                std = 0.05 if "_B" in name else 0.1
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
     peft_model.save_pretrained(out_dir, safe_serialization=True)
 

@@ -1,0 +1,97 @@
+"""Shared pieces of the benchmarks: model shapes, timing, and JSON/Markdown output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """Projection sizes of one decoder layer (per TP rank)."""
+
+    name: str
+    hidden: int
+    q: int
+    kv: int
+    intermediate: int
+
+    def modules(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """module -> (input dim, output slice widths), as SGLang's LoRA layers see them."""
+        return {
+            "qkv": (self.hidden, (self.q, self.kv, self.kv)),
+            "o": (self.q, (self.hidden,)),
+            "gate_up": (self.hidden, (self.intermediate, self.intermediate)),
+            "down": (self.intermediate, (self.hidden,)),
+        }
+
+
+MODELS = {
+    "llama-3.1-8b": ModelShape("llama-3.1-8b", hidden=4096, q=4096, kv=1024, intermediate=14336),
+    # Llama-3.3-70B sharded over TP 8: column-parallel outputs and row-parallel inputs divided by 8.
+    "llama-3.3-70b-tp8": ModelShape("llama-3.3-70b-tp8", hidden=8192, q=1024, kv=128, intermediate=3584),
+}
+
+
+def time_call(fn: Callable[[], object], device: torch.device, *, min_seconds: float = 0.2, max_reps: int = 200) -> float:
+    """Median wall time of ``fn`` in seconds (device-synchronised), after one warm-up call."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    samples: list[float] = []
+    deadline = time.perf_counter() + min_seconds
+    while len(samples) < 3 or (time.perf_counter() < deadline and len(samples) < max_reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def machine() -> dict:
+    info = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": __import__("os").cpu_count(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def write(name: str, rows: list[dict], columns: list[str], out_dir: Optional[Path] = None, extra: Optional[dict] = None) -> Path:
+    """Write ``<name>.json`` and ``<name>.md`` (a table of ``columns``) and return the JSON path."""
+    out_dir = Path(out_dir or RESULTS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine(), **(extra or {}), "rows": rows}
+    (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
+    header = f"Machine: {payload['machine']}\n\n"
+    (out_dir / f"{name}.md").write_text(header + "\n".join(lines) + "\n")
+    return out_dir / f"{name}.json"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "" if value is None else str(value)

@@ -1,0 +1,224 @@
+"""Op-level benchmark: one decoder layer's LoRA work (qkv, o, gate_up, down), per module and whole,
+for the portable provider against peers measured in the same run.
+
+Peers: SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment
+and slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA GPU also SGLang's
+Triton dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops
+(the ``csgmv`` backend). On a GPU the portable path is also captured in a CUDA graph.
+
+Decode batches give each request (one token) a random adapter and route them as SGLang's Triton
+backend does for decode (tokens sorted by slot, chunked SGMV with a permutation); prefill batches are
+512-token requests, each with a random adapter (contiguous segments). The pool has 8 slots.
+
+    python -m benchmarks.ops                  # CPU, default grid (minutes)
+    python -m benchmarks.ops --quick          # a few seconds: the smoke test
+    python -m benchmarks.ops --device cuda    # GPU, with Triton peers and CUDA graphs
+
+Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ratios are peer time / portable time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from benchmarks.common import MODELS, RESULTS, ModelShape, time_call, write
+from sglang_xpu_lora.providers import torch_ops
+
+MAX_LORAS = 8
+PREFILL_REQUEST_TOKENS = 512
+
+
+class Case:
+    """Weights and routing metadata for one (model, rank, adapters, tokens, mode) point."""
+
+    def __init__(self, model: ModelShape, rank: int, num_adapters: int, tokens: int, mode: str, dtype, device, seed=0):
+        rng = random.Random(seed)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.model, self.rank, self.tokens, self.mode, self.device = model, rank, tokens, mode, device
+        self.weights = {}
+        for name, (in_dim, outs) in model.modules().items():
+            a = torch.randn(MAX_LORAS, len(outs) * rank, in_dim, generator=gen) * 0.02
+            b = torch.randn(MAX_LORAS, sum(outs), rank, generator=gen) * 0.02
+            self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
+        self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
+        if mode == "decode":
+            request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
+            request_lens = [1] * tokens
+        else:
+            n = max(1, tokens // PREFILL_REQUEST_TOKENS)
+            request_slots = [rng.randrange(num_adapters) for _ in range(n)]
+            request_lens = [tokens // n] * n
+        self.request_slots, self.request_lens = request_slots, request_lens
+        self.ranks = torch.full((MAX_LORAS,), rank, dtype=torch.int32, device=device)
+        self.scalings = torch.full((MAX_LORAS,), 2.0, dtype=torch.float32, device=device)
+        slot_per_token = torch.tensor([s for s, n in zip(request_slots, request_lens) for _ in range(n)], device=device)
+        if mode == "decode":  # SGLang's _build_sgemm_routing: sort by slot, one segment per slot
+            self.permutation = torch.argsort(slot_per_token, stable=True).to(torch.int32)
+            counts = torch.bincount(slot_per_token, minlength=MAX_LORAS)
+            self.seg_indptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+            self.weight_indices = torch.arange(MAX_LORAS, dtype=torch.int32, device=device)
+        else:
+            self.permutation = None
+            lens = torch.tensor(request_lens)
+            self.seg_indptr = torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32).to(device)
+            self.weight_indices = torch.tensor(request_slots, dtype=torch.int32, device=device)
+        self.offsets = {
+            name: torch.tensor([0, *itertools.accumulate(outs)], dtype=torch.int32, device=device)
+            for name, (_, _, outs) in self.weights.items()
+        }
+
+    # --- the portable provider, called as IntelXpuLoRABackend calls it ---------------------------
+
+    def portable(self, name: str) -> torch.Tensor:
+        a, b, outs = self.weights[name]
+        x, n = self.inputs[name], len(outs)
+        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks)
+        if self.permutation is not None:
+            mid = torch_ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
+            return torch_ops.chunked_sgmv_lora_expand_fwd(
+                mid, b, self.offsets[name], max(outs), n, MAX_LORAS, scalings=self.scalings, permutation=self.permutation, **meta
+            )
+        mid = torch_ops.sgemm_lora_a_fwd(x, a, n, **meta)
+        if n == 3:
+            return torch_ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
+        if n == 2:
+            return torch_ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
+        return torch_ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
+
+    # --- SGLang torch_native (eager control path) ---------------------------------------------------
+
+    def torch_native_fn(self) -> Callable[[str], torch.Tensor]:
+        from sglang.srt.lora.torch_ops import lora_ops
+
+        # TorchNativeLoRABackend.prepare_lora_batch merges consecutive requests sharing an adapter.
+        slots, lens = [], []
+        for slot, n in zip(self.request_slots, self.request_lens):
+            if slots and slots[-1] == slot:
+                lens[-1] += n
+            else:
+                slots.append(slot)
+                lens.append(n)
+        wi, sl = torch.tensor(slots), torch.tensor(lens)
+        ranks, scalings = self.ranks.cpu(), self.scalings.cpu()
+
+        def run(name):
+            a, b, outs = self.weights[name]
+            mid = lora_ops.sgemm_lora_a_fwd(self.inputs[name], a, wi, sl, ranks, scalings, len(outs))
+            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu())
+
+        return run
+
+
+def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
+    return lambda: [fn(name) for name in case.weights]
+
+
+def graph(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` in a CUDA graph and return its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def grid(args) -> list[tuple]:
+    if args.quick:
+        return [("llama-3.1-8b", 16, 8, 64, "decode"), ("llama-3.1-8b", 16, 1, 64, "decode"), ("llama-3.1-8b", 16, 4, 512, "prefill")]
+    decode = [1, 16, 64, 256, 1024, 2048] if args.device == "cuda" else [1, 16, 64, 256]
+    prefill = [512, 2048, 8192, 16384] if args.device == "cuda" else [512, 2048]
+    points = []
+    for model, rank, adapters in itertools.product(MODELS, (16, 64), (1, 4, 8)):
+        points += [(model, rank, adapters, t, "decode") for t in decode]
+        points += [(model, rank, adapters, t, "prefill") for t in prefill]
+    return points
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    dtype = {"cpu": torch.float32}.get(args.device, torch.bfloat16)
+    rows = []
+    for model, rank, adapters, tokens, mode in grid(args):
+        case = Case(MODELS[model], rank, adapters, tokens, mode, dtype, device)
+        row = dict(model=model, rank=rank, adapters=adapters, tokens=tokens, mode=mode, dtype=str(dtype).replace("torch.", ""))
+        portable = time_call(layer(case.portable, case), device, min_seconds=args.seconds)
+        row["portable_ms"] = portable * 1e3
+        if not args.no_torch_native and (device.type == "cpu" or tokens <= 256):
+            native = time_call(layer(case.torch_native_fn(), case), device, min_seconds=args.seconds)
+            row["torch_native_ms"] = native * 1e3
+            row["speedup_vs_torch_native"] = native / portable
+        if device.type == "cuda":
+            row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
+            from benchmarks import triton_peers
+
+            for peer, fn in triton_peers.peers(case).items():
+                row[f"{peer}_ms"] = time_call(layer(fn, case), device, min_seconds=args.seconds) * 1e3
+                row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
+                row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
+        rows.append(row)
+        print(row, flush=True)
+        with open(Path(args.out) / f"ops-{args.device}.partial.jsonl", "a") as partial:  # survives a timeout
+            partial.write(json.dumps(row) + "\n")
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Decode time per layer against tokens (Llama-3.1-8B, rank 16, 8 adapters), one line per path."""
+    try:
+        import matplotlib
+    except ImportError:  # e.g. a bare GPU machine: plot later with --plot-only
+        print("matplotlib is not installed; skipping the plot")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in (("portable_ms", "-o"), ("torch_native_ms", "--s"), ("triton_ms", ":^"), ("portable_graph_ms", "-x"), ("triton_graph_ms", ":v")):
+        points = [(r["tokens"], r[key]) for r in rows if r["mode"] == "decode" and r["adapters"] == 8 and r["rank"] == 16
+                  and r["model"] == "llama-3.1-8b" and key in r]
+        if points:
+            ax.plot(*zip(*points), style, label=key.replace("_ms", ""))
+    ax.set(xscale="log", yscale="log", xlabel="decode tokens", ylabel="ms per layer (qkv+o+gate_up+down)",
+           title="LoRA work of one Llama-3.1-8B layer, rank 16, 8 adapters")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="three points, for the smoke test")
+    parser.add_argument("--seconds", type=float, default=0.3, help="minimum timing time per measurement")
+    parser.add_argument("--no-torch-native", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--plot-only", type=Path, help="redraw the plot of an existing results JSON")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
+        return
+    torch.manual_seed(0)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows = run(args)
+    name = f"ops-{args.device}" + ("-quick" if args.quick else "")
+    columns = ["model", "mode", "rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
+    if args.device == "cuda":
+        columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv"]
+    write(name, rows, columns, args.out)
+    plot(rows, Path(args.out) / f"{name}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Shared end-to-end machinery: the tokenizer, a cached transformers + PEFT reference, and a runner
+that serves batches through a real engine in a fresh process."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_cpu_devsupport import kernel_emulator, serving, tiny_model
+
+MAX_NEW_TOKENS = serving.GREEDY_TOKENS
+ADAPTERS = list(tiny_model.ADAPTER_NAMES)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_artifacts):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_artifacts["base"])
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_artifacts, tokenizer):
+    """``reference(prompt, adapter_name_or_None)`` -> (first-token log-probs over the vocabulary,
+    float64; MAX_NEW_TOKENS greedy ids), cached."""
+
+    @functools.lru_cache(maxsize=None)
+    def reference(prompt, lora):
+        adapter = tiny_artifacts[lora] if lora else None
+        return serving.hf_reference(tiny_artifacts["base"], adapter, tokenizer.encode(prompt), MAX_NEW_TOKENS)
+
+    return reference
+
+
+@pytest.fixture(scope="session")
+def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
+    """``run(name, rounds, env, engine=None, adapters=ADAPTERS)`` serves each round
+    in order through one engine in a fresh process. A round is a list of ``(prompt, lora)``, or a
+    ``{"load": {...}}`` / ``{"unload": {...}}`` action (see ``sglang_cpu_devsupport.engine_batch``).
+
+    Returns ``(results, kernels)``: per round, a dict ``(prompt, lora) -> output`` (the action's
+    response for an action); and the set of emulated sgl-kernel-xpu kernels that ran.
+    """
+
+    def run(name, rounds, env, engine=None, adapters=ADAPTERS):
+        work = tmp_path_factory.mktemp(name)
+        spec = {
+            "artifacts": {key: str(path) for key, path in tiny_artifacts.items()},
+            "adapters": list(adapters),
+            "rounds": [
+                batch if isinstance(batch, dict)
+                else {"prompts_ids": [tokenizer.encode(p) for p, _ in batch], "loras": [lora for _, lora in batch]}
+                for batch in rounds
+            ],
+            "max_new_tokens": MAX_NEW_TOKENS,
+            "vocab_size": tiny_model.VOCAB_SIZE,
+            "engine": engine or {},
+        }
+        (work / "request.json").write_text(json.dumps(spec))
+        log = work / "kernel_calls.log"
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
+        child_env.update(serving.cpu_env(), **env, **{kernel_emulator.LOG_ENV: str(log)})
+        result = subprocess.run(
+            [sys.executable, "-m", "sglang_cpu_devsupport.engine_batch", str(work / "request.json"), str(work / "result.json")],
+            env=child_env, capture_output=True, text=True, timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        outputs = json.loads((work / "result.json").read_text())
+        kernels = set(log.read_text().split()) if log.exists() else set()
+        results = [out if isinstance(batch, dict) else dict(zip(batch, out)) for batch, out in zip(rounds, outputs)]
+        return results, kernels
+
+    return run

@@ -1,0 +1,132 @@
+"""Sliced projections through SGLang's real LoRA layer classes with small shapes, for both
+providers, against a float64 reference: MLA's 2-slice ``fused_qkv_a_proj_with_mqa``
+(``ReplicatedLinearWithLoRA``), a gate_up with unequal partitions and GDN's 4-slice ``in_proj_qkvz``
+(``MergedColumnParallelLinearWithLoRA``), q/k/v (``QKVParallelLinearWithLoRA``) and equal gate/up.
+
+Only the base layers are stand-ins (the LoRA wrappers read their partition sizes and one
+parameter); the wrappers, SGLang's batch preparation and the backend are real.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from test_backend_batches import forward_batch  # noqa: E402  (same test package)
+
+MAX_LORAS, RANK, HIDDEN = 3, 4, 16
+RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
+
+
+class BaseLayer(torch.nn.Module):
+    def __init__(self, partitions, **extra):
+        super().__init__()
+        self.output_partition_sizes = list(partitions)
+        self.output_sizes = list(partitions)
+        self.output_size = sum(partitions)
+        self.weight = torch.nn.Parameter(torch.zeros(sum(partitions), HIDDEN))
+        self.bias = None
+        for key, value in extra.items():
+            setattr(self, key, value)
+
+
+def build_layer(kind, partitions, backend):
+    from sglang.srt.lora import layers
+
+    if kind == "qkv":
+        base = BaseLayer(partitions, q_proj_shard_size=partitions[0], kv_proj_shard_size=partitions[1])
+        return layers.QKVParallelLinearWithLoRA(base, backend)
+    if kind == "mla":
+        layer = layers.ReplicatedLinearWithLoRA(BaseLayer(partitions), backend)
+        layer.first_output_dim = partitions[0]  # what LoRAManager.init_lora_modules sets
+        return layer
+    return layers.MergedColumnParallelLinearWithLoRA(BaseLayer(partitions), backend)
+
+
+def spaced_weights(num_slices, out_dim, seed):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(MAX_LORAS, num_slices * RANK, HIDDEN, generator=generator)
+    b = torch.randn(MAX_LORAS, out_dim, RANK, generator=generator)
+    for slot, rank in enumerate(RANKS):
+        for p in range(num_slices):
+            a[slot, p * RANK + rank : (p + 1) * RANK] = 0
+        b[slot, :, rank:] = 0
+    return a, b
+
+
+def reference(x, a, b, partitions, slot_of_row, base):
+    out = base.double().clone()
+    bounds = [0]
+    for size in partitions:
+        bounds.append(bounds[-1] + size)
+    for row, slot in enumerate(slot_of_row):
+        for p in range(len(partitions)):
+            shrink = a[slot, p * RANK : (p + 1) * RANK].double() @ x[row].double()
+            out[row, bounds[p] : bounds[p + 1]] += SCALINGS[slot] * (b[slot, bounds[p] : bounds[p + 1]].double() @ shrink)
+    return out
+
+
+LAYERS = {
+    "mla-2-slices": ("mla", (6, 10), "chunked_sgmv_lora_expand_fwd"),
+    "gate-up-unequal": ("merged", (6, 10), "chunked_sgmv_lora_expand_fwd"),
+    "gdn-4-slices": ("merged", (4, 4, 6, 2), "chunked_sgmv_lora_expand_fwd"),
+    "qkv-3-slices": ("qkv", (8, 4, 4), "qkv_lora_b_fwd"),
+    "gate-up-equal": ("merged", (6, 6), "gate_up_lora_b_fwd"),
+}
+
+
+@pytest.fixture(params=["portable", "native"])
+def provider(request, emulate, monkeypatch, sglang_plugins_loaded):
+    if request.param == "portable":
+        monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+        yield None
+    else:
+        with emulate("full", kernels="native") as calls:
+            yield calls
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_real_lora_layer(provider, name, mode):
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    kind, partitions, prefill_kernel = LAYERS[name]
+    backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    if mode == "prefill":
+        lens, slots = [3, 0, 4], [1, 0, 2]
+        backend.prepare_lora_batch(forward_batch("EXTEND", 3, lens=lens), slots, RANKS, SCALINGS, False)
+        slot_of_row = [s for s, n in zip(slots, lens) for _ in range(n)]
+    else:
+        slot_of_row = [2, 1, 2, 0, 1]
+        backend.prepare_lora_batch(forward_batch("DECODE", 5), slot_of_row, RANKS, SCALINGS, False)
+    layer = build_layer(kind, partitions, backend)
+    a, b = spaced_weights(len(partitions), sum(partitions), seed=len(partitions))
+    layer.set_lora_info(a, b)
+    x, base = torch.randn(len(slot_of_row), HIDDEN), torch.randn(len(slot_of_row), sum(partitions))
+    if provider is not None:
+        provider.clear()
+    out = layer.apply_lora(base, x)
+    torch.testing.assert_close(out.double(), reference(x, a, b, partitions, slot_of_row, base), rtol=1e-5, atol=1e-5)
+    if provider is not None:  # which native kernel the layer reached
+        expected = prefill_kernel if mode == "prefill" else "chunked_sgmv_lora_expand_fwd"
+        assert provider[expected] == 1
+
+
+def test_two_slices_routed_to_the_three_slice_kernel_are_rejected(emulate):
+    """The protection behind the routing: the q/k/v kernel refuses a 2-slice projection in both
+    providers instead of returning numbers."""
+    from sglang_xpu_lora import providers
+    from sglang_xpu_lora.providers import torch_ops
+
+    a, b = spaced_weights(2, 16, seed=2)
+    meta = dict(seg_indptr=torch.tensor([0, 3], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
+                lora_ranks=torch.tensor(RANKS, dtype=torch.int32), scalings=torch.tensor(SCALINGS))
+    call = dict(input_x=torch.randn(3, 2 * RANK), qkv_lora_b=b, output_offset=torch.tensor([0, 6, 16], dtype=torch.int32),
+                max_qkv_out_dim=10, **meta)
+    with pytest.raises(ValueError, match="output_offset must have 4 elements"):
+        torch_ops.qkv_lora_b_fwd(**call)
+    with emulate("full"):
+        with pytest.raises(RuntimeError, match="output_offset must have exactly 4 elements"):
+            providers.select_ops().eager.qkv_lora_b_fwd(**call)
