@@ -74,6 +74,16 @@ class Case:
             for name, (_, _, outs) in self.weights.items()
         }
 
+    def min_bytes(self) -> int:
+        """Bytes a perfect kernel moves for the layer: each used adapter's A and B once, the inputs
+        read once, the outputs written once."""
+        used = len(set(self.request_slots))
+        total = 0
+        for name, (a, b, outs) in self.weights.items():
+            total += used * (a[0].numel() + b[0].numel()) * a.element_size()
+            total += self.inputs[name].numel() * a.element_size() + self.tokens * sum(outs) * a.element_size()
+        return total
+
     # --- the portable provider, called as IntelXpuLoRABackend calls it ---------------------------
 
     def portable(self, name: str) -> torch.Tensor:
@@ -145,8 +155,17 @@ def grid(args) -> list[tuple]:
     return points
 
 
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (1 GiB copies)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / time_call(lambda: dst.copy_(src), device, min_seconds=0.5)
+
+
 def run(args) -> list[dict]:
     device = torch.device(args.device)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    args.copy_bandwidth = bandwidth
     dtype = {"cpu": torch.float32}.get(args.device, torch.bfloat16)
     rows = []
     for model, rank, adapters, tokens, mode in grid(args):
@@ -160,6 +179,7 @@ def run(args) -> list[dict]:
             row["speedup_vs_torch_native"] = native / portable
         if device.type == "cuda":
             row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
+            row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
             from benchmarks import triton_peers
 
             for peer, fn in triton_peers.peers(case).items():
@@ -215,8 +235,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     name = f"ops-{args.device}" + ("-quick" if args.quick else "")
     columns = ["model", "mode", "rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
     if args.device == "cuda":
-        columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv"]
-    write(name, rows, columns, args.out)
+        columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv", "roofline_fraction"]
+    write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth})
     plot(rows, Path(args.out) / f"{name}.png")
 
 

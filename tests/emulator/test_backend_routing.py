@@ -3,10 +3,10 @@ batch shape reaches, graph-mode substitution, and numbers against a float64 refe
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
+
+from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
@@ -24,44 +24,16 @@ def backend_factory(emulate, sglang_plugins_loaded):
         yield lambda: IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu")), calls
 
 
-def decode_batch(batch_size):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=batch_size, spec_info=None, return_logprob=False)
 
 
-def extend_batch(lens):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return types.SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, batch_size=len(lens), spec_info=None, return_logprob=False,
-        extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=list(lens), extend_num_tokens=sum(lens),
-    )
 
 
 def spaced_weights(num_slices, out_dims, seed=0):
-    """Pool-layout weights: A slice p at rows p * RANK, rank tails zero (what the pool patch makes)."""
-    generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(MAX_LORAS, num_slices * RANK, HIDDEN, generator=generator)
-    b = torch.randn(MAX_LORAS, sum(out_dims), RANK, generator=generator)
-    for slot, rank in enumerate(RANKS):
-        for p in range(num_slices):
-            a[slot, p * RANK + rank : (p + 1) * RANK] = 0
-        b[slot, :, rank:] = 0
-    return a, b
+    return pool_weights(RANKS, num_slices, out_dims, RANK, HIDDEN, seed)
 
 
 def reference(x, a, b, out_dims, slot_of_row, base):
-    """float64 per-row loop: base + scaling * B_p (A_p x) for each slice p."""
-    out = base.double().clone()
-    offsets = [0]
-    for d in out_dims:
-        offsets.append(offsets[-1] + d)
-    for row, slot in enumerate(slot_of_row):
-        for p in range(len(out_dims)):
-            shrink = a[slot, p * RANK : (p + 1) * RANK].double() @ x[row].double()
-            out[row, offsets[p] : offsets[p + 1]] += SCALINGS[slot] * (b[slot, offsets[p] : offsets[p + 1]].double() @ shrink)
-    return out
+    return lora_reference(x, a, b, out_dims, slot_of_row, SCALINGS, RANK, base)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +45,7 @@ def test_prefill_qkv_routing_by_slice_count(backend_factory, out_dims, kernel):
     make, calls = backend_factory
     backend = make()
     lens, weight_indices = [3, 0, 5], [1, 0, 2]
-    backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False)
+    backend.prepare_lora_batch(forward_batch("EXTEND", len(lens), lens=lens), weight_indices, RANKS, SCALINGS, False)
     assert backend._sgemm_info().permutation is None
     n = len(out_dims)
     a, b = spaced_weights(n, out_dims)
@@ -92,7 +64,7 @@ def test_decode_uses_chunked_sgmv_with_the_permutation(backend_factory):
     make, calls = backend_factory
     backend = make()
     weight_indices = [2, 1, 2, 0, 1]
-    backend.prepare_lora_batch(decode_batch(5), weight_indices, RANKS, SCALINGS, False)
+    backend.prepare_lora_batch(forward_batch("DECODE", 5), weight_indices, RANKS, SCALINGS, False)
     assert backend._sgemm_info().permutation is not None
     a, b = spaced_weights(2, (6, 6))
     x, base = torch.randn(5, HIDDEN), torch.randn(5, 12)
@@ -119,14 +91,14 @@ def test_decode_graph_batch_never_calls_capture_unsafe_native_ops_and_matches_ea
     weight_indices = [2, 1, 2, 0]
     x = torch.randn(4, HIDDEN)
     eager_backend = make()
-    eager_backend.prepare_lora_batch(decode_batch(4), weight_indices, RANKS, SCALINGS, False)
+    eager_backend.prepare_lora_batch(forward_batch("DECODE", 4), weight_indices, RANKS, SCALINGS, False)
     calls.clear()
     eager = run_layer_ops(eager_backend, x)
     assert set(calls) == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}  # native outside graphs
 
     graph_backend = make()
     graph_backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
-    graph_backend.prepare_lora_batch(decode_batch(4), weight_indices, RANKS, SCALINGS, True)
+    graph_backend.prepare_lora_batch(forward_batch("DECODE", 4), weight_indices, RANKS, SCALINGS, True)
     assert graph_backend._sgemm_info().use_cuda_graph
     calls.clear()
     graphed = run_layer_ops(graph_backend, x)
@@ -140,12 +112,12 @@ def test_prefill_graph_batch_uses_capture_safe_ops_and_bounds(backend_factory, m
     lens, weight_indices = [3, 5], [1, 2]
     x = torch.randn(8, HIDDEN)
     eager_backend = make()
-    eager_backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False)
+    eager_backend.prepare_lora_batch(forward_batch("EXTEND", len(lens), lens=lens), weight_indices, RANKS, SCALINGS, False)
     eager = run_layer_ops(eager_backend, x)
 
     graph_backend = make()
     graph_backend.init_prefill_cuda_graph_batch_info(max_num_tokens=32, max_num_requests=4)
-    graph_backend.prepare_lora_batch(extend_batch(lens), weight_indices, RANKS, SCALINGS, False, use_prefill_cuda_graph=True)
+    graph_backend.prepare_lora_batch(forward_batch("EXTEND", len(lens), lens=lens), weight_indices, RANKS, SCALINGS, False, use_prefill_cuda_graph=True)
     padded = torch.cat([x, torch.randn(4, HIDDEN)])  # a captured graph runs on its padded token count
     seen_max_len = []
     embedding = graph_backend.op_selection.graph.embedding_lora_a_fwd

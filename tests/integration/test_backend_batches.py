@@ -10,6 +10,8 @@ import types
 import pytest
 import torch
 
+from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
+
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
 OUT_DIMS = (8, 4, 4)
@@ -30,29 +32,10 @@ def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
             yield make
 
 
-def forward_batch(mode, batch_size, lens=None, draft=None):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    fb = types.SimpleNamespace(
-        forward_mode=getattr(ForwardMode, mode), batch_size=batch_size, return_logprob=False,
-        spec_info=types.SimpleNamespace(draft_token_num=draft) if draft else None,
-        extend_seq_lens_cpu=None, extend_seq_lens=None, extend_num_tokens=None,
-    )
-    if lens is not None:
-        fb.extend_seq_lens_cpu, fb.extend_num_tokens = list(lens), sum(lens)
-        fb.extend_seq_lens = torch.tensor(lens, dtype=torch.int32)
-    return fb
 
 
 def weights(seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(MAX_LORAS, 3 * RANK, HIDDEN, generator=generator)
-    b = torch.randn(MAX_LORAS, sum(OUT_DIMS), RANK, generator=generator)
-    for slot, rank in enumerate(RANKS):
-        for p in range(3):
-            a[slot, p * RANK + rank : (p + 1) * RANK] = 0
-        b[slot, :, rank:] = 0
-    return a, b
+    return pool_weights(RANKS, 3, OUT_DIMS, RANK, HIDDEN, seed)
 
 
 def run_qkv(backend, x):
@@ -63,13 +46,7 @@ def run_qkv(backend, x):
 
 def reference(x, slot_of_row):
     a, b = weights()
-    out = torch.zeros(x.shape[0], sum(OUT_DIMS), dtype=torch.float64)
-    bounds = [0, 8, 12, 16]
-    for row, slot in enumerate(slot_of_row):
-        for p in range(3):
-            shrink = a[slot, p * RANK : (p + 1) * RANK].double() @ x[row].double()
-            out[row, bounds[p] : bounds[p + 1]] = SCALINGS[slot] * (b[slot, bounds[p] : bounds[p + 1]].double() @ shrink)
-    return out
+    return lora_reference(x, a, b, OUT_DIMS, slot_of_row, SCALINGS, RANK)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "decode-graph"])

@@ -9,12 +9,11 @@ parameter); the wrappers, SGLang's batch preparation and the backend are real.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
-from test_backend_batches import forward_batch  # noqa: E402  (same test package)
+from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
+
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
@@ -46,26 +45,11 @@ def build_layer(kind, partitions, backend):
 
 
 def spaced_weights(num_slices, out_dim, seed):
-    generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(MAX_LORAS, num_slices * RANK, HIDDEN, generator=generator)
-    b = torch.randn(MAX_LORAS, out_dim, RANK, generator=generator)
-    for slot, rank in enumerate(RANKS):
-        for p in range(num_slices):
-            a[slot, p * RANK + rank : (p + 1) * RANK] = 0
-        b[slot, :, rank:] = 0
-    return a, b
+    return pool_weights(RANKS, num_slices, [out_dim], RANK, HIDDEN, seed)
 
 
 def reference(x, a, b, partitions, slot_of_row, base):
-    out = base.double().clone()
-    bounds = [0]
-    for size in partitions:
-        bounds.append(bounds[-1] + size)
-    for row, slot in enumerate(slot_of_row):
-        for p in range(len(partitions)):
-            shrink = a[slot, p * RANK : (p + 1) * RANK].double() @ x[row].double()
-            out[row, bounds[p] : bounds[p + 1]] += SCALINGS[slot] * (b[slot, bounds[p] : bounds[p + 1]].double() @ shrink)
-    return out
+    return lora_reference(x, a, b, partitions, slot_of_row, SCALINGS, RANK, base)
 
 
 LAYERS = {

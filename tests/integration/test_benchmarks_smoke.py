@@ -1,0 +1,45 @@
+"""Tiny runs of every benchmark (seconds each), so they never rot. No timing is asserted; the host
+overhead benchmark's count of added device-to-host synchronisations is (it must be zero)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_benchmark(module, out, *args):
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_ops(tmp_path):
+    run_benchmark("ops", tmp_path, "--seconds", "0.01")
+    rows = json.loads((tmp_path / "ops-cpu-quick.json").read_text())["rows"]
+    assert len(rows) == 3 and all(r["portable_ms"] > 0 and r["torch_native_ms"] > 0 for r in rows)
+    assert (tmp_path / "ops-cpu-quick.md").read_text().count("\n") >= 5
+    assert (tmp_path / "ops-cpu-quick.png").stat().st_size > 1000
+
+
+def test_host_overhead_adds_no_device_syncs(tmp_path):
+    run_benchmark("host_overhead", tmp_path)
+    rows = json.loads((tmp_path / "host_overhead-cpu-quick.json").read_text())["rows"]
+    assert [r["batch_size"] for r in rows] == [1, 16, 256]
+    assert all(r["added_syncs"] == 0 and r["intel_xpu_syncs"] == 0 for r in rows)
+
+
+@pytest.mark.e2e
+def test_e2e_cpu(tmp_path):
+    run_benchmark("e2e_cpu", tmp_path, "--artifacts", str(tmp_path / "artifacts"))
+    rows = json.loads((tmp_path / "e2e-cpu-quick.json").read_text())["rows"]
+    assert rows and all(r["intel_xpu_tok_s"] > 0 and r["torch_native_tok_s"] > 0 for r in rows)
