@@ -36,7 +36,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     """Multi-LoRA backend for Intel XPU (sgl-kernel-xpu ops) with a portable PyTorch fallback.
 
     Requirements, declared in :data:`sglang_xpu_lora.backend.registration.INTEL_XPU`: device
-    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch``, and the max-rank-spaced, zero-tailed pool
+    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the kernel build registers CPU
+    implementations, as the test emulator does), and the max-rank-spaced, zero-tailed pool
     layout (stacked A slice ``p`` at row ``p * max_lora_rank``), which the plugin's pool patch
     provides for managers that use this backend.
 
