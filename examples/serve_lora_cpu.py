@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,10 @@ def main() -> int:
     import sglang
 
     engine = sglang.Engine(**serving.engine_kwargs(paths, adapters))
+    # SGLang's engine installs a SIGTERM handler that only flags a graceful exit; restore the
+    # default so `timeout` or a CI cancel still stops this script (the finally blocks still run
+    # for Ctrl-C, and the server is started in its own process group).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         progress(f"one mixed batch: base + {len(adapters)} adapters, {MAX_NEW_TOKENS} greedy tokens each")
         outputs = engine.generate(
@@ -121,6 +126,7 @@ def main() -> int:
                     failures.append(f"/v1/completions {lora}: {completion['choices'][0]['text']!r} != {expected!r}")
         progress.note(f"server (pid {proc.pid}) stopped with exit code {proc.returncode}")
 
+    progress("summary")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1

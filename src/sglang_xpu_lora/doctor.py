@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from typing import Any, Optional, Sequence
 
@@ -56,7 +57,7 @@ def collect() -> dict[str, Any]:
         with _quiet(providers.logger):  # the report says it all, once
             selection = providers.select_ops()
     except (ValueError, RuntimeError) as exc:
-        report.setdefault("kernels", None)
+        report.setdefault("kernels", f"{os.environ.get(providers.KERNELS_ENV)!r} (invalid)")
         report["ops"] = []
         report["problems"].append(str(exc))
     else:
