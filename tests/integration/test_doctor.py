@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,9 +69,8 @@ def test_no_build(kernels, status, capsys, monkeypatch, sglang_plugins_loaded):
 def test_console_script_in_a_fresh_process():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
     env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_XPU_LORA_KERNELS="torch")
-    result = subprocess.run(
-        [shutil.which("sglang-xpu-lora"), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300
-    )
+    script = Path(sys.executable).parent / "sglang-xpu-lora"  # installed next to this interpreter
+    result = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["can_serve"] and report["kernels"] == "torch"
