@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from sglang_cpu_devsupport import kernel_emulator, serving
+from sglang_cpu_devsupport import serving
 
 WORKER = textwrap.dedent(
     """

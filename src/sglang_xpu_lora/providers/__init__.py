@@ -75,6 +75,19 @@ class OpSelection:
         return self.graph if use_graph else self.eager
 
 
+def _detect_native() -> tuple[Optional[object], str, dict]:
+    """``(sgl_kernel module or None, build description, {op: (KernelOp or None, reason)})``."""
+    from sglang_xpu_lora.providers import native, torch_ops
+    from sglang_xpu_lora.providers.base import OP_NAMES
+
+    module, build = native.kernel_build()
+    found = {
+        op: native.detect_op(op, tuple(inspect.signature(getattr(torch_ops, op)).parameters)) if module else (None, build)
+        for op in OP_NAMES
+    }
+    return module, build, found
+
+
 def select_ops() -> OpSelection:
     """Choose a provider for each op according to ``SGLANG_XPU_LORA_KERNELS`` and the installed build.
 
@@ -93,13 +106,10 @@ def select_ops() -> OpSelection:
         table = types.SimpleNamespace(**portable)
         return OpSelection(table, table, choice, choice, mode, "not used")
 
-    module, build = native.kernel_build()
+    _, build, found = _detect_native()
     eager, graph, choices, graph_choices = {}, {}, {}, {}
     for op in OP_NAMES:
-        if module is None:
-            kernel, reason = None, build
-        else:
-            kernel, reason = native.detect_op(op, tuple(inspect.signature(portable[op]).parameters))
+        kernel, reason = found[op]
         if kernel is None:
             if mode == "native":
                 raise RuntimeError(
@@ -145,14 +155,10 @@ def runs_on_device(device: Optional[str]) -> bool:
     mode = kernels_choice()
     if mode == "torch":
         return True
-    from sglang_xpu_lora.providers import native, torch_ops
-    from sglang_xpu_lora.providers.base import OP_NAMES
+    from sglang_xpu_lora.providers import native
 
-    module, _ = native.kernel_build()
+    module, _, found = _detect_native()
     if module is None or device is None:
         return False
-    kernels = [
-        native.detect_op(op, tuple(inspect.signature(getattr(torch_ops, op)).parameters))[0] for op in OP_NAMES
-    ]
-    found = [k for k in kernels if k is not None]
-    return bool(found) and all(native.has_kernel_for_device(k, device) for k in found)
+    kernels = [kernel for kernel, _ in found.values() if kernel is not None]
+    return bool(kernels) and all(native.has_kernel_for_device(k, device) for k in kernels)
