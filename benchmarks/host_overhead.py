@@ -4,8 +4,10 @@ of device-to-host synchronisations each adds per decode step.
 
 Synchronisations are counted by intercepting the aten ops that read device memory on the host or
 produce data-dependent shapes (``_local_scalar_dense`` behind ``.item()``/``.tolist()``, ``nonzero``,
-``masked_select``, ``unique``...) during one prepare + one layer's LoRA ops; on a GPU they are also
-checked with ``torch.cuda.set_sync_debug_mode("error")``.
+``masked_select``, ``unique``...) during one prepare + one layer's LoRA ops. The layer's ops run
+with the portable provider's device routing, the one every accelerator uses; on a CPU the ops
+otherwise route on the host, reading index tensors that live in host memory, which is no device
+synchronisation.
 
     python -m benchmarks.host_overhead [--device cuda] [--quick]
 """
@@ -13,6 +15,7 @@ checked with ``torch.cuda.set_sync_debug_mode("error")``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import types
@@ -36,6 +39,19 @@ class SyncCounter(TorchDispatchMode):
         if func.overloadpacket.__name__.startswith(SYNC_OPS):
             self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def device_routing():
+    """Run the portable ops with their device (accelerator) routing, even on CPU tensors."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    saved = torch_ops.routes_on_host
+    torch_ops.routes_on_host = lambda tensor: False
+    try:
+        yield
+    finally:
+        torch_ops.routes_on_host = saved
 
 
 def decode_batch(batch_size):
@@ -87,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             row[f"{name}_us"] = time_call(prepare, device, min_seconds=0.1 if args.quick else 0.3) * 1e6
             if name == "intel_xpu":
                 x = torch.randn(batch_size, 256, device=device)
-                with SyncCounter() as counter:
+                with device_routing(), SyncCounter() as counter:
                     prepare()
                     one_layer(backend, x, a, b)
                 row["intel_xpu_syncs"] = counter.count

@@ -127,7 +127,15 @@ class Case:
 
 
 def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
-    return lambda: [fn(name) for name in case.weights]
+    """One layer's LoRA work. Each call starts a batch of the portable ops' routing cache, as
+    ``prepare_lora_batch`` does, so routing is paid once per layer here (once per forward in SGLang)."""
+
+    def run():
+        torch_ops.begin_batch()
+        for name in case.weights:
+            fn(name)
+
+    return run
 
 
 def graph(fn: Callable[[], object]) -> Callable[[], None]:
@@ -141,6 +149,36 @@ def graph(fn: Callable[[], object]) -> Callable[[], None]:
     with torch.cuda.graph(g):
         fn()
     return g.replay
+
+
+def check_graph_replay(device, dtype) -> dict:
+    """Capture a decode layer of the portable path in a CUDA graph with one batch's routing, refill
+    the index buffers in place with another batch's (as SGLang's graph runner does), replay, and
+    compare with eager execution of the second batch: routing cached during capture must be
+    recomputed by every replay, not frozen. Returns max relative errors (``replay_error`` should
+    be ~0; ``batches_differ`` shows the two routings give different outputs, so the check bites)."""
+    model = MODELS["llama-3.1-8b"]
+    case = Case(model, 16, 8, 64, "decode", dtype, device, seed=1)
+    other = Case(model, 16, 8, 64, "decode", dtype, device, seed=2)  # other adapters per request
+    outputs = {}
+
+    def forward():
+        torch_ops.begin_batch()
+        for name in case.weights:
+            outputs[name] = case.portable(name)
+
+    def relative(a, b):
+        return max(((a[n].float() - b[n].float()).abs().max() / b[n].float().abs().max()).item() for n in b)
+
+    replay = graph(forward)
+    first = {name: out.clone() for name, out in outputs.items()}
+    for attr in ("seg_indptr", "weight_indices", "permutation"):
+        getattr(case, attr).copy_(getattr(other, attr))
+    replay()
+    replayed = {name: out.clone() for name, out in outputs.items()}
+    torch_ops.begin_batch()
+    expected = {name: case.portable(name) for name in case.weights}
+    return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
 
 def grid(args) -> list[tuple]:
@@ -167,6 +205,11 @@ def run(args) -> list[dict]:
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
     args.copy_bandwidth = bandwidth
     dtype = {"cpu": torch.float32}.get(args.device, torch.bfloat16)
+    if device.type != "cpu":  # as the plugin's pool patch does in a server (CPU tensors use none)
+        torch_ops.keep_weight_mirrors()
+    if device.type == "cuda":
+        args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
+        print("graph replay check:", args.graph_replay_check, flush=True)
     rows = []
     for model, rank, adapters, tokens, mode in grid(args):
         case = Case(MODELS[model], rank, adapters, tokens, mode, dtype, device)
@@ -236,7 +279,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     columns = ["model", "mode", "rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
     if args.device == "cuda":
         columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv", "roofline_fraction"]
-    write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth})
+    write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None)})
     plot(rows, Path(args.out) / f"{name}.png")
 
 

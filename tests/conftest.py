@@ -11,6 +11,16 @@ os.environ.update(CPU_ENGINE_ENV)
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_portable_ops_state(monkeypatch):
+    """Each test starts with the portable ops' per-process caches off (routing per batch, LoRA-B
+    mirrors), as a fresh process does; the backend and the pool patch turn them on when used."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    monkeypatch.setattr(torch_ops, "_batch_routes", None)
+    monkeypatch.setattr(torch_ops, "_mirrors", None)
+
+
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """The project's tiny Llama model, tokenizer and PEFT adapters, the embedding/lm_head adapter

@@ -175,3 +175,27 @@ def test_kernels_are_exact_only_on_the_patched_layout(pool_env, spaced):
         assert error < 1e-4
     else:
         assert error > 0.1  # a stale / mis-strided slot is caught by the same comparison
+
+
+def test_adapter_loads_refresh_the_portable_ops_lora_b_mirrors(pool_env, monkeypatch):
+    """The device-routed expand reads a transposed mirror of each LoRA-B buffer (made on first use,
+    kept across batches); loading an adapter into a slot must refresh that slot of the mirror, in
+    place, or the next batch would use the previous tenant's B."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda tensor: False)
+    torch_ops.keep_weight_mirrors()
+    pool = pool_env.new_pool(spaced=True)
+    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
+    b = pool.B_buffer["o_proj"][0]
+    mid = torch.randn(3, MAX_RANK)
+    meta = dict(seg_indptr=torch.tensor([0, 3], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
+                lora_ranks=torch.tensor([0, 16], dtype=torch.int32), scalings=torch.tensor([0.0, 1.0]))
+    torch_ops.sgemm_lora_b_fwd(mid, b, **meta)  # makes the mirror
+    (mirror,) = [m for w, m in torch_ops._mirrors.values() if w is b]
+    before = mirror.data_ptr()
+    small, raw = pool_env.adapter("sql-r8")
+    pool_env.load(pool, "sql", 1, small)
+    assert mirror.data_ptr() == before and torch.equal(mirror, b.transpose(1, 2))
+    out = torch_ops.sgemm_lora_b_fwd(mid, b, **meta)
+    assert torch.allclose(out, mid[:, :8] @ peft_weight(raw, 0, "o_proj", "B").T, atol=1e-5)

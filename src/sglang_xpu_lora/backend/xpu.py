@@ -29,7 +29,7 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.providers import select_ops
+from sglang_xpu_lora.providers import select_ops, torch_ops
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
@@ -58,7 +58,12 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.op_selection = select_ops()
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
-        """SGLang's Triton batch preparation, then the kernels' index contract, once per batch."""
+        """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
+
+        Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`),
+        so their routing is computed once per batch rather than once per op.
+        """
+        torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
             use_prefill_cuda_graph=use_prefill_cuda_graph,
@@ -67,6 +72,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
+        torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
 

@@ -1,0 +1,140 @@
+"""Routing strategies of the portable ops: the device path is graph-safe (no host reads, no
+data-dependent shapes); the host path, used for CPU tensors, runs one GEMM per run of a slot.
+
+Numerical agreement of both strategies with a float64 reference is in ``test_torch_ops.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sglang_xpu_lora.providers import torch_ops
+
+
+# --- graph safety --------------------------------------------------------------------------------
+
+#: aten ops that read device memory on the host or give data-dependent shapes.
+HOST_SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item", "is_nonzero", "equal")
+
+
+class HostSyncDetector(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.offenders = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        bool_index = name in ("index", "index_put", "index_put_") and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] if len(args) > 1 else []) or []
+        )
+        if name.startswith(HOST_SYNC_OPS) or bool_index:
+            self.offenders.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_sync_detector_sees_item_and_boolean_indexing():
+    x = torch.arange(4.0)
+    with HostSyncDetector() as detector:
+        x.sum().item()
+        x[x > 1]
+    assert detector.offenders and all(name in HOST_SYNC_OPS + ("index",) for name in detector.offenders)
+
+
+def decode_batch():
+    """64 decode requests over 2 adapters, sorted by slot as SGLang's decode routing does."""
+    slot_of_request = torch.tensor([i % 2 for i in range(64)])
+    return dict(
+        x=torch.randn(64, 16), a=torch.randn(2, 12, 16), b=torch.randn(2, 10, 4), mid=torch.randn(64, 12),
+        base=torch.randn(64, 10), offsets=torch.tensor([0, 6, 8, 10], dtype=torch.int32), scalings=torch.ones(2),
+        permutation=torch.argsort(slot_of_request, stable=True).to(torch.int32),
+        common=dict(
+            seg_indptr=torch.tensor([0, 32, 64], dtype=torch.int32),
+            weight_indices=torch.tensor([0, 1], dtype=torch.int32),
+            lora_ranks=torch.tensor([4, 4]),
+        ),
+    )
+
+
+def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes(monkeypatch):
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda tensor: False)
+    p = decode_batch()
+    common, offsets = p["common"], p["offsets"]
+    with HostSyncDetector() as detector:
+        torch_ops.sgemm_lora_a_fwd(p["x"], p["a"], 3, **common)
+        torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"], p["a"], 3, 1, permutation=p["permutation"], **common)
+        torch_ops.qkv_lora_b_fwd(p["mid"], p["b"], offsets, 6, scalings=p["scalings"], base_output=p["base"], **common)
+        torch_ops.chunked_sgmv_lora_expand_fwd(
+            p["mid"], p["b"], offsets, 6, 3, 1, scalings=p["scalings"], permutation=p["permutation"], **common
+        )
+        torch_ops.sgemm_lora_b_fwd(p["mid"][:, :4], p["b"], scalings=p["scalings"], **common)
+        torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **common)
+        torch_ops.embedding_lora_a_fwd(torch.arange(64) % 16, p["a"][:, :4], 16, **common)
+    assert detector.offenders == []
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[func.overloadpacket.__name__.rstrip("_")] += 1  # in-place ops count as theirs
+        return func(*args, **(kwargs or {}))
+
+
+def test_cpu_tensors_route_on_the_host_and_devices_do_not():
+    assert torch_ops.routes_on_host(torch.zeros(1))
+    assert not torch_ops.routes_on_host(torch.zeros(1, device="meta"))
+
+
+def test_host_routing_runs_one_gemm_per_adapter_and_slice_for_a_permuted_decode_batch():
+    """One GEMM per adapter and slice (SGLang's torch_native would run one per request), and one
+    gather and one scatter per adapter."""
+    p = decode_batch()
+    common = dict(p["common"], permutation=p["permutation"])
+    with OpCounter() as shrink:
+        torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"], p["a"], 3, 2, **common)
+    with OpCounter() as expand:
+        torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], **common)
+    assert shrink.calls["mm"] == 2 and shrink.calls["index_select"] == 2 and shrink.calls["index_copy"] == 2
+    assert expand.calls["addmm"] == 6 and expand.calls["index_select"] == 2 and expand.calls["index_copy"] == 2
+
+
+def test_host_routing_reads_contiguous_runs_in_place():
+    """Without a permutation (prefill), each run is a row range of the input: no gather or scatter."""
+    p = decode_batch()
+    with OpCounter() as ops:
+        mid = torch_ops.sgemm_lora_a_fwd(p["x"], p["a"], 3, **p["common"])
+        torch_ops.qkv_lora_b_fwd(mid, p["b"], p["offsets"], 6, scalings=p["scalings"], **p["common"])
+    assert ops.calls["mm"] == 2 and ops.calls["addmm"] == 6
+    assert not ops.calls["index_select"] and not ops.calls["index_add"] and not ops.calls["index_copy"]
+
+
+def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(monkeypatch):
+    """Every layer calls the ops with the same index tensors: after begin_batch() the routing
+    kernels run once; the next begin_batch() forgets it, so refilled index tensors are read anew."""
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda tensor: False)
+    monkeypatch.setattr(torch_ops, "_batch_routes", None)
+    p = decode_batch()
+
+    def run():  # a fresh view of the permutation each call, as the backend passes it
+        return torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"], p["a"], 3, 2, permutation=p["permutation"][:64], **p["common"])
+
+    with OpCounter() as uncached:
+        first = [run() for _ in range(3)]
+    torch_ops.begin_batch()
+    with OpCounter() as cached:
+        again = [run() for _ in range(3)]
+    assert uncached.calls["searchsorted"] == 3 and cached.calls["searchsorted"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # The next batch refills the same buffers in place (as SGLang's graph buffers are).
+    p["common"]["weight_indices"].copy_(torch.tensor([1, 0], dtype=torch.int32))
+    torch_ops.begin_batch()
+    swapped = run()
+    expected = torch.where(
+        (torch.arange(64) % 2 == 0).unsqueeze(1), p["x"] @ p["a"][1].t(), p["x"] @ p["a"][0].t()
+    )
+    assert torch.allclose(swapped, expected, atol=1e-4)
