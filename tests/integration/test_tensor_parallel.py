@@ -110,6 +110,8 @@ WORKER = textwrap.dedent(
     if rank == 0:
         open(out_path, "w").write(json.dumps(errors))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads can abort interpreter teardown ("terminate called ..."): skip it
     """
 )
 

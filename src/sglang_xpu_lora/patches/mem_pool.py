@@ -24,7 +24,6 @@ import torch
 
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
-from sglang_xpu_lora.providers import torch_ops
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 #: Attribute set on a ``LoRAMemoryPool`` instance whose backend needs the spaced layout.
@@ -63,6 +62,8 @@ def apply(registry: LoRABackendRegistry) -> None:
         spaced = bool(spec and spec.needs_max_rank_spaced_layout)
         setattr(manager.memory_pool, SPACED_LAYOUT_ATTR, spaced)
         if spaced:
+            from sglang_xpu_lora.providers import torch_ops  # lazily: plugin load imports no ops
+
             torch_ops.keep_weight_mirrors()
         return result
 
@@ -73,6 +74,8 @@ def apply(registry: LoRABackendRegistry) -> None:
             pool._clear_buffer_slot_for_base(buffer_id)
             result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
             respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
+        from sglang_xpu_lora.providers import torch_ops
+
         torch_ops.refresh_weight_mirrors(buffer_id)
         return result
 
