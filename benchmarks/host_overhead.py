@@ -47,7 +47,7 @@ def device_routing():
     from sglang_xpu_lora.providers import torch_ops
 
     saved = torch_ops.routes_on_host
-    torch_ops.routes_on_host = lambda tensor: False
+    torch_ops.routes_on_host = lambda x, weights, count_runs: False
     try:
         yield
     finally:

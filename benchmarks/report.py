@@ -15,8 +15,6 @@ from pathlib import Path
 from benchmarks.common import RESULTS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-#: H200 device-to-device copy bandwidth, bytes read + written per second.
-H200_COPY_BANDWIDTH = None  # filled from ops-cuda.json "copy_bandwidth_bytes_s" when present
 
 
 def _load(name):
@@ -66,6 +64,13 @@ def ops_cuda(data):
     bandwidth = data.get("copy_bandwidth_bytes_s")
     if bandwidth:
         out.append(f"Measured device copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s.")
+    check = data.get("graph_replay_check")
+    if check:
+        out.append(
+            "Graph replay check (decode layer captured with one batch's routing, index buffers refilled "
+            f"with another's, replayed): max relative error against eager {check['replay_error']:.2g}; "
+            f"the two batches' outputs differ by {check['batches_differ']:.2g}."
+        )
     for model in ("llama-3.1-8b", "llama-3.3-70b-tp8"):
         out += [f"Decode, {model} layer, bf16, CUDA graphs:", _table(decode_rows(model), cols)]
     prefill = [r for r in data["rows"] if r["mode"] == "prefill" and r["model"] == "llama-3.1-8b"]

@@ -183,7 +183,7 @@ def test_adapter_loads_refresh_the_portable_ops_lora_b_mirrors(pool_env, monkeyp
     place, or the next batch would use the previous tenant's B."""
     from sglang_xpu_lora.providers import torch_ops
 
-    monkeypatch.setattr(torch_ops, "routes_on_host", lambda tensor: False)
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
     torch_ops.keep_weight_mirrors()
     pool = pool_env.new_pool(spaced=True)
     pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])

@@ -2,7 +2,8 @@
 
 Same signatures and semantics as sgl-kernel-xpu ``python/sgl_kernel/lora.py`` (see
 :mod:`sglang_xpu_lora.providers.base` for the shared contract). Two routing strategies, chosen by
-the device of the tensors (:func:`routes_on_host`); both give the same numbers:
+the device of the tensors and, on CPU, the problem size (:func:`routes_on_host`); both give the
+same numbers:
 
 * **On the device** (any accelerator: XPU, CUDA...): no loop over segments or requests, no host
   synchronisation, no data-dependent shapes. Each token row is mapped to its pool slot on the
@@ -15,7 +16,7 @@ the device of the tensors (:func:`routes_on_host`); both give the same numbers:
   a handful of kernels (the same idea as SGLang's ``torch_native`` graph path, minus its per-slot
   loop and masked copies).
 * **On the host** (CPU tensors, where reading an index tensor is a memory load, not a device
-  synchronisation): segments are read with ``tolist()``, consecutive segments of one slot are
+  synchronisation; tiny problems excepted, see :func:`routes_on_host`): segments are read with ``tolist()``, consecutive segments of one slot are
   merged into runs, and each run is one GEMM against its own slot only (a grouped GEMM, as the
   XPU kernels do). A permuted run's rows are gathered and its results scattered per run, so a
   decode batch of ``T`` requests over ``n`` adapters costs ``n`` GEMMs per slice, not ``T``
@@ -33,17 +34,32 @@ Index contents (slot ids, offsets) are trusted, as in a kernel.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 name = "torch"
 
 
-def routes_on_host(tensor: torch.Tensor) -> bool:
-    """True when the ops read segment metadata on the host: for CPU tensors, where that is a plain
-    memory read. On any other device the ops route on the device, sync-free and graph-capturable."""
-    return tensor.device.type == "cpu"
+#: On CPU, problems at most this small take the device routing (see :func:`routes_on_host`).
+SMALL_PROBLEM_WEIGHTS = 1 << 18  #: elements of all slots' weights
+SMALL_PROBLEM_MACS = 1 << 22  #: multiply-adds of the device routing's all-slots GEMM
+
+
+def routes_on_host(x: torch.Tensor, weights: torch.Tensor, count_runs: Callable[[], int]) -> bool:
+    """Whether an op on ``x`` (T, ...) and ``weights`` (L, ...) routes on the host (else on the device).
+
+    False on any device but CPU: the ops route on the device, sync-free and graph-capturable. True
+    for CPU tensors, since reading index tensors in host memory is no synchronisation, unless the
+    problem is small (``weights.numel() <= SMALL_PROBLEM_WEIGHTS`` and ``T * weights.numel() <=
+    SMALL_PROBLEM_MACS``) and its batch has several runs of one adapter (``count_runs()``, read on
+    the host only then): the device routing's fixed few kernels then cost less than a GEMM call per
+    run (tiny models, where per-call overhead dominates).
+    """
+    if x.device.type != "cpu":
+        return False
+    size = weights.numel()
+    return size > SMALL_PROBLEM_WEIGHTS or size * x.shape[0] > SMALL_PROBLEM_MACS or count_runs() <= 1
 
 
 # --- LoRA-B mirrors for the device path ---------------------------------------------------
@@ -372,29 +388,36 @@ def _identity(tensor: Optional[torch.Tensor]):
     return id(tensor)
 
 
-def _routes(seg_indptr, weight_indices, num_rows: int, permutation, num_slots: int):
-    """``_Runs`` (host routing) or ``_DeviceRoutes`` for a batch, from the batch cache when on."""
-    on_host = routes_on_host(seg_indptr)
-    key = None
-    if _batch_routes is not None:
-        key = (on_host, id(seg_indptr), id(weight_indices), _identity(permutation), num_rows, num_slots,
-               _capturing(seg_indptr.device))
-        cached = _batch_routes.get(key)
-        if cached is not None:
-            return cached[0]
-    if on_host:
-        routes = _host_runs(seg_indptr, weight_indices, num_rows, permutation)
-    else:
-        routes = _DeviceRoutes(_row_slots(seg_indptr, weight_indices, num_rows, permutation), num_slots)
-    if key is not None:
+def _routes(x, weights, seg_indptr, weight_indices, permutation):
+    """``_Runs`` (host routing) or ``_DeviceRoutes`` for an op's batch."""
+    num_rows, num_slots = x.shape[0], weights.shape[0]
+    key = (seg_indptr, weight_indices, permutation, num_rows, num_slots)
+
+    def host_runs() -> _Runs:
+        return _cached("host", *key, lambda: _host_runs(seg_indptr, weight_indices, num_rows, permutation))
+
+    if routes_on_host(x, weights, lambda: len(host_runs().runs)):
+        return host_runs()
+    return _cached("device", *key,
+                   lambda: _DeviceRoutes(_row_slots(seg_indptr, weight_indices, num_rows, permutation), num_slots))
+
+
+def _cached(kind, seg_indptr, weight_indices, permutation, num_rows, num_slots, build):
+    """``build()``, through the batch cache when it is on (see :func:`begin_batch`)."""
+    if _batch_routes is None:
+        return build()
+    key = (kind, id(seg_indptr), id(weight_indices), _identity(permutation), num_rows, num_slots,
+           _capturing(seg_indptr.device))
+    cached = _batch_routes.get(key)
+    if cached is None:
         if len(_batch_routes) >= _MAX_CACHED_ROUTES:
             _batch_routes.clear()
-        _batch_routes[key] = (routes, (seg_indptr, weight_indices, permutation))  # keeps the ids valid
-    return routes
+        cached = _batch_routes[key] = (build(), (seg_indptr, weight_indices, permutation))  # keeps ids valid
+    return cached[0]
 
 
 def _shrink(x, weights, seg_indptr, weight_indices, permutation=None) -> torch.Tensor:
-    routes = _routes(seg_indptr, weight_indices, x.shape[0], permutation, weights.shape[0])
+    routes = _routes(x, weights, seg_indptr, weight_indices, permutation)
     if isinstance(routes, _Runs):
         return _shrink_on_host(x, weights, routes)
     return _shrink_on_device(x, weights, routes)
@@ -403,7 +426,7 @@ def _shrink(x, weights, seg_indptr, weight_indices, permutation=None) -> torch.T
 def _expand(
     x, weights, seg_indptr, weight_indices, permutation, scalings, num_slices, base_output, *, bands=None, slice_offsets=None
 ) -> torch.Tensor:
-    routes = _routes(seg_indptr, weight_indices, x.shape[0], permutation, weights.shape[0])
+    routes = _routes(x, weights, seg_indptr, weight_indices, permutation)
     if isinstance(routes, _Runs):
         if bands is None:
             edges = slice_offsets.tolist()
