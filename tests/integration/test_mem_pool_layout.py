@@ -192,7 +192,7 @@ def test_adapter_loads_refresh_the_portable_ops_lora_b_mirrors(pool_env, monkeyp
     meta = dict(seg_indptr=torch.tensor([0, 3], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
                 lora_ranks=torch.tensor([0, 16], dtype=torch.int32), scalings=torch.tensor([0.0, 1.0]))
     torch_ops.sgemm_lora_b_fwd(mid, b, **meta)  # makes the mirror
-    (mirror,) = [m for w, m in torch_ops._mirrors.values() if w is b]
+    (mirror,) = [m for ref, m in torch_ops._mirrors.values() if ref() is b]
     before = mirror.data_ptr()
     small, raw = pool_env.adapter("sql-r8")
     pool_env.load(pool, "sql", 1, small)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -73,6 +74,13 @@ def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes():
         torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **common)
         torch_ops.embedding_lora_a_fwd(torch.arange(64, device="meta") % 16, p["a"][:, :4], 16, **common)
     assert detector.offenders == []
+
+
+@pytest.fixture(params=["host", "device"])
+def routing_choice(request, monkeypatch):
+    """Force one routing strategy whatever the problem size."""
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: request.param == "host")
+    return request.param
 
 
 class OpCounter(TorchDispatchMode):
@@ -155,3 +163,43 @@ def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(mon
         (torch.arange(64) % 2 == 0).unsqueeze(1), p["x"] @ p["a"][1].t(), p["x"] @ p["a"][0].t()
     )
     assert torch.allclose(swapped, expected, atol=1e-4)
+
+
+def test_an_overflowing_adapter_leaves_other_rows_alone(routing_choice):
+    """fp16: slot 1's product overflows to Inf; rows of slot 0 (and rows outside every segment)
+    must still get exactly slot 0's result (0 * Inf would be NaN if slots were mixed by a product)."""
+    x = torch.ones(4, 8, dtype=torch.float16)
+    a = torch.stack([torch.full((4, 8), 0.5), torch.full((4, 8), 3e4)]).to(torch.float16)
+    meta = dict(seg_indptr=torch.tensor([0, 2, 3], dtype=torch.int32), weight_indices=torch.tensor([0, 1], dtype=torch.int32),
+                lora_ranks=torch.tensor([4, 4]))
+    out = torch_ops.sgemm_lora_a_fwd(x, a, 1, **meta)
+    assert torch.equal(out[:2], torch.full((2, 4), 4.0, dtype=torch.float16))
+    assert torch.isinf(out[2]).all() and torch.equal(out[3], torch.zeros(4, dtype=torch.float16))
+
+
+def test_a_batch_without_segments_gets_no_lora(routing_choice):
+    seg, wi = torch.tensor([0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
+    out = torch_ops.sgemm_lora_a_fwd(torch.ones(3, 8), torch.ones(2, 4, 8), 1, seg, wi, torch.tensor([4, 4]))
+    assert torch.equal(out, torch.zeros(3, 4))
+
+
+def test_mirror_refresh_spans_pools_of_different_sizes_and_forgets_freed_buffers(monkeypatch):
+    """A load into slot 3 of a 4-slot pool must not fail on a 2-slot pool's mirror; mirrors do not
+    keep buffers alive."""
+    import gc
+
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
+    torch_ops.keep_weight_mirrors()
+    meta = dict(seg_indptr=torch.tensor([0, 2], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
+                lora_ranks=torch.tensor([4] * 4), scalings=torch.ones(4))
+    small, large = torch.randn(2, 6, 4), torch.randn(4, 6, 4)
+    for b in (small, large):
+        torch_ops.sgemm_lora_b_fwd(torch.ones(2, 4), b, **meta)  # makes both mirrors
+    large[3] = 1.0
+    torch_ops.refresh_weight_mirrors(3)
+    (mirror,) = [m for ref, m in torch_ops._mirrors.values() if ref() is large]
+    assert torch.equal(mirror[3], torch.ones(4, 6))
+    del small
+    gc.collect()
+    torch_ops.refresh_weight_mirrors(0)
+    assert len(torch_ops._mirrors) == 1

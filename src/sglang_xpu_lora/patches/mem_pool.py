@@ -68,16 +68,17 @@ def apply(registry: LoRABackendRegistry) -> None:
         return result
 
     def around_load_lora_weight_to_buffer(original, pool, uid, buffer_id, lora_adapter, *args, **kwargs):
-        if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
-            result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
-        else:
+        from sglang_xpu_lora.providers import torch_ops
+
+        try:
+            if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
+                return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
             pool._clear_buffer_slot_for_base(buffer_id)
             result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
             respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
-        from sglang_xpu_lora.providers import torch_ops
-
-        torch_ops.refresh_weight_mirrors(buffer_id)
-        return result
+            return result
+        finally:  # also after a failed load: the mirror follows whatever the slot now holds
+            torch_ops.refresh_weight_mirrors(buffer_id)
 
     hook_registry.register(targets.LORA_MANAGER_INIT_MEMORY_POOL, around_init_memory_pool, hook_type.AROUND)
     hook_registry.register(targets.POOL_LOAD_WEIGHTS, around_load_lora_weight_to_buffer, hook_type.AROUND)

@@ -16,9 +16,9 @@ same numbers:
   a handful of kernels (the same idea as SGLang's ``torch_native`` graph path, minus its per-slot
   loop and masked copies).
 * **On the host** (CPU tensors, where reading an index tensor is a memory load, not a device
-  synchronisation; tiny problems excepted, see :func:`routes_on_host`): segments are read with ``tolist()``, consecutive segments of one slot are
-  merged into runs, and each run is one GEMM against its own slot only (a grouped GEMM, as the
-  XPU kernels do). A permuted run's rows are gathered and its results scattered per run, so a
+  synchronisation; tiny problems excepted, see :func:`routes_on_host`): segments are read with
+  ``tolist()``, consecutive segments of one slot are merged into runs, and each run is one GEMM
+  against its own slot only (a grouped GEMM, as the XPU kernels do). A permuted run's rows are gathered and its results scattered per run, so a
   decode batch of ``T`` requests over ``n`` adapters costs ``n`` GEMMs per slice, not ``T``
   (SGLang's ``torch_native`` issues one per segment), and the output is written once: on a CPU
   these ops are bound by memory traffic, not FLOPs.
@@ -34,6 +34,7 @@ Index contents (slot ids, offsets) are trusted, as in a kernel.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -64,7 +65,7 @@ def routes_on_host(x: torch.Tensor, weights: torch.Tensor, count_runs: Callable[
 
 # --- LoRA-B mirrors for the device path ---------------------------------------------------
 
-_mirrors: Optional[dict] = None  #: buffer key -> (buffer, (L, R, N) mirror); None when off
+_mirrors: Optional[dict] = None  #: buffer key -> (weakref to buffer, (L, R, N) mirror); None when off
 
 
 def keep_weight_mirrors() -> None:
@@ -77,7 +78,7 @@ def keep_weight_mirrors() -> None:
     :func:`refresh_weight_mirrors`, which the plugin's memory-pool patch calls after every adapter
     load. Turned on by that patch for pools of backends that use these ops; never on for direct use
     of the ops, since a caller writing B in place would leave a mirror stale. Costs the memory of
-    the mirrored B buffers (device path only; CPU tensors route on the host and use none).
+    the mirrored B buffers (only buffers the device routing reads; the host routing needs none).
     """
     global _mirrors
     if _mirrors is None:
@@ -87,9 +88,14 @@ def keep_weight_mirrors() -> None:
 @torch.no_grad()
 def refresh_weight_mirrors(slot: int) -> None:
     """Copy slot ``slot`` of every mirrored LoRA-B buffer into its mirror, in place (graphs
-    captured with a mirror keep reading the same memory)."""
-    for weights, mirror in (_mirrors or {}).values():
-        mirror[slot].copy_(weights[slot].t())
+    captured with a mirror keep reading the same memory). Buffers of other pools get an idempotent
+    copy, buffers with fewer slots are skipped, and mirrors of freed buffers are dropped."""
+    for key, (buffer_ref, mirror) in list((_mirrors or {}).items()):
+        weights = buffer_ref()
+        if weights is None:
+            del _mirrors[key]
+        elif slot < weights.shape[0]:
+            mirror[slot].copy_(weights[slot].t())
 
 
 # --- routing on the device: sync-free, capturable -------------------------------------------
@@ -111,12 +117,14 @@ def _row_slots(
     """
     device = seg_indptr.device
     num_segments = seg_indptr.numel() - 1
+    if num_segments <= 0:
+        return torch.full((num_rows,), -1, dtype=torch.int64, device=device)
     positions = torch.arange(num_rows, device=device, dtype=seg_indptr.dtype)
     # Last segment whose start is <= position; empty segments are skipped by right=True.
     segment = torch.searchsorted(seg_indptr.contiguous(), positions, right=True) - 1
     inside = (positions >= seg_indptr[0]) & (positions < seg_indptr[-1])
-    slot = weight_indices[: max(num_segments, 0)].to(torch.int64)[segment.clamp(0, max(num_segments - 1, 0))]
-    logical = torch.where(inside, slot, -1) if num_segments > 0 else torch.full_like(segment, -1, dtype=torch.int64)
+    slot = weight_indices[:num_segments].to(torch.int64)[segment.clamp(0, num_segments - 1)]
+    logical = torch.where(inside, slot, -1)
     if permutation is None:
         return logical
     # Scatter through the permutation; stale entries (logical -1) are sent to row 0 and lose
@@ -135,6 +143,8 @@ class _DeviceRoutes:
 
     def __init__(self, slots: torch.Tensor, num_slots: int):
         self.slots, self.num_slots = slots, num_slots
+        self.slot_index = slots.clamp(min=0)  #: (T,) int64, 0 outside segments
+        self.outside = (slots < 0).unsqueeze(1)  #: (T, 1) bool
         self._one_hot: dict = {}
         self._row_scale: dict = {}
 
@@ -149,8 +159,8 @@ class _DeviceRoutes:
         """(T, 1) fp32: ``scalings[slot]`` per row, 0 outside segments."""
         key = id(scalings)
         if key not in self._row_scale:
-            scale = scalings.to(torch.float32)[self.slots.clamp(min=0)] * (self.slots >= 0)
-            self._row_scale[key] = (scalings, scale.unsqueeze(1))  # keeps ``scalings`` alive
+            scale = scalings.to(torch.float32)[self.slot_index].unsqueeze(1).masked_fill(self.outside, 0)
+            self._row_scale[key] = (scalings, scale)  # keeps ``scalings`` alive
         return self._row_scale[key][1]
 
 
@@ -162,24 +172,24 @@ def _stacked_weights(weights: torch.Tensor) -> torch.Tensor:
         return weights.transpose(1, 2).reshape(num_slots * max_rank, out_dim)
     key = (weights.data_ptr(), tuple(weights.shape), tuple(weights.stride()), weights.dtype, weights.device)
     entry = _mirrors.get(key)
-    if entry is None:
+    if entry is None or entry[0]() is not weights:
         if _capturing(weights.device):  # a mirror made here would be refilled by every replay
             return weights.transpose(1, 2).reshape(num_slots * max_rank, out_dim)
-        entry = _mirrors[key] = (weights, weights.transpose(1, 2).contiguous())
+        entry = _mirrors[key] = (weakref.ref(weights), weights.transpose(1, 2).contiguous())
     return entry[1].view(num_slots * max_rank, out_dim)
 
 
 def _shrink_on_device(x: torch.Tensor, weights: torch.Tensor, routes: _DeviceRoutes) -> torch.Tensor:
     """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside segments; (T, N) in x's dtype.
 
-    Two kernels: every slot's product in one GEMM ``(T, K) @ (K, L*N)``, then each row keeps its
-    own slot's block by a batched (1, L) x (L, N) product with its one-hot row.
+    Every slot's product in one GEMM ``(T, K) @ (K, L*N)``, then each row gathers its own slot's
+    block (a gather, not a product with the one-hot row: another slot's overflow must not reach it).
     """
     num_rows, hidden = x.shape
     num_slots, out_dim, _ = weights.shape
-    every_slot = torch.mm(x, weights.reshape(num_slots * out_dim, hidden).t())
-    one_hot = routes.one_hot(x.dtype).view(num_rows, 1, num_slots)
-    return torch.bmm(one_hot, every_slot.view(num_rows, num_slots, out_dim)).view(num_rows, out_dim)
+    every_slot = torch.mm(x, weights.reshape(num_slots * out_dim, hidden).t()).view(num_rows, num_slots, out_dim)
+    own = every_slot.gather(1, routes.slot_index.view(num_rows, 1, 1).expand(num_rows, 1, out_dim))
+    return own.view(num_rows, out_dim).masked_fill(routes.outside, 0)
 
 
 def _expand_on_device(
@@ -212,14 +222,15 @@ def _expand_on_device(
         column_slice = torch.searchsorted(
             slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
         )
-        mask = (column_slice == torch.arange(num_slices, device=x.device).unsqueeze(1)).to(x.dtype)  # (S, N)
+        mask = column_slice == torch.arange(num_slices, device=x.device).unsqueeze(1)  # (S, N)
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
         width = num_slots * max_rank
-        if num_rows < width:  # mask the (S, T, N) products: smaller than masking B
+        if num_rows < width:  # select from the (S, T, N) products: smaller than masking B
             per_slice = spread.transpose(0, 1).reshape(num_slices * num_rows, width)
             products = torch.mm(per_slice, stacked).view(num_slices, num_rows, out_dim)
-            out = (products * mask.unsqueeze(1)).sum(0, dtype=x.dtype)
+            out = torch.where(mask.unsqueeze(1), products, zero).sum(0, dtype=x.dtype)
         else:  # mask B per slice into one block-diagonal (S*L*R, N) matrix
-            blocks = stacked.unsqueeze(0) * mask.unsqueeze(1)
+            blocks = torch.where(mask.unsqueeze(1), stacked.unsqueeze(0), zero)
             out = torch.mm(spread.reshape(num_rows, num_slices * width), blocks.reshape(num_slices * width, out_dim))
     else:
         out = x.new_empty((num_rows, out_dim)) if _tile(bands, out_dim) else x.new_zeros((num_rows, out_dim))
