@@ -12,7 +12,8 @@ How: ``init_memory_pool`` marks the pool of a manager whose backend's spec decla
     then moves stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are
     untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
     (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
-    including the base slot's zeroing) refreshes that slot of each mirror. Runs on the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
+    the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
+    the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
     ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor).
 Remove when: SGLang's pool has a max-rank-spaced layout option for dense modules.
