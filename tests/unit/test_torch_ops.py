@@ -22,11 +22,7 @@ DTYPES = list(TOLERANCE)
 SEEDS = range(12)
 
 
-@pytest.fixture(autouse=True, params=["host", "device"])
-def routing(request, monkeypatch):
-    """Run the test with the ops routed on the host or on the device, forced whatever the size."""
-    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: request.param == "host")
-    return request.param
+pytestmark = pytest.mark.usefixtures("routing")  # tests/unit/conftest.py: host and device routing
 
 
 # --- an independent float64 reference ------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -74,13 +73,6 @@ def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes():
         torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **common)
         torch_ops.embedding_lora_a_fwd(torch.arange(64, device="meta") % 16, p["a"][:, :4], 16, **common)
     assert detector.offenders == []
-
-
-@pytest.fixture(params=["host", "device"])
-def routing_choice(request, monkeypatch):
-    """Force one routing strategy whatever the problem size."""
-    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: request.param == "host")
-    return request.param
 
 
 class OpCounter(TorchDispatchMode):
@@ -165,7 +157,7 @@ def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(mon
     assert torch.allclose(swapped, expected, atol=1e-4)
 
 
-def test_an_overflowing_adapter_leaves_other_rows_alone(routing_choice):
+def test_an_overflowing_adapter_leaves_other_rows_alone(routing):
     """fp16: slot 1's product overflows to Inf; rows of slot 0 (and rows outside every segment)
     must still get exactly slot 0's result (0 * Inf would be NaN if slots were mixed by a product)."""
     x = torch.ones(4, 8, dtype=torch.float16)
@@ -177,7 +169,7 @@ def test_an_overflowing_adapter_leaves_other_rows_alone(routing_choice):
     assert torch.isinf(out[2]).all() and torch.equal(out[3], torch.zeros(4, dtype=torch.float16))
 
 
-def test_a_batch_without_segments_gets_no_lora(routing_choice):
+def test_a_batch_without_segments_gets_no_lora(routing):
     seg, wi = torch.tensor([0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
     out = torch_ops.sgemm_lora_a_fwd(torch.ones(3, 8), torch.ones(2, 4, 8), 1, seg, wi, torch.tensor([4, 4]))
     assert torch.equal(out, torch.zeros(3, 4))
