@@ -14,6 +14,13 @@ mem_pool               ``LoRAManager.init_memory_pool`` and
                        ``LoRAMemoryPool.load_lora_weight_to_buffer`` (AROUND): max-rank-spaced,
                        zeroed slots for backends that declare it. Remove when SGLang offers the
                        layout.
+adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validate_new_adapter`` and
+                       ``_load_lora_adapter[_from_tensors]`` (AROUND), ``LoRAAdapter.
+                       _normalize_weights`` (BEFORE): every ``adapter_config.json`` field honoured
+                       (rsLoRA, alpha/rank patterns, regex targets, partial q/k/v) or refused at
+                       load, tensors finite and shaped for the model, nothing left after a failed
+                       load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
+                       Remove when SGLang honours every ``LoraConfig`` field itself.
 =====================  ==========================================================================
 
 Not patched, on purpose: graph batch-info sizing. SGLang 0.5.23's ``PrefillCudaGraphRunner`` already
@@ -27,10 +34,10 @@ after every general plugin ran.
 
 from __future__ import annotations
 
-from sglang_xpu_lora.patches import backend_registry, cli_choices, mem_pool, validation
+from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, mem_pool, validation
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (backend_registry, cli_choices, validation, mem_pool)
+PATCHES = (backend_registry, cli_choices, validation, mem_pool, adapter_checks)
 
 
 def apply_all(registry: LoRABackendRegistry) -> None:

@@ -22,6 +22,18 @@ POOL_CLEAR_SLOT = "sglang.srt.lora.mem_pool.LoRAMemoryPool._clear_buffer_slot_fo
 POOL_IS_MOE_MODULE = "sglang.srt.lora.mem_pool.LoRAMemoryPool.is_moe_module"
 GET_STACKED_MULTIPLY = "sglang.srt.lora.utils.get_stacked_multiply"
 
+# Adapter checks at load (patches/adapter_checks.py).
+LORA_MANAGER_VALIDATE_NEW_ADAPTER = "sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter"
+LORA_MANAGER_LOAD_ADAPTER = "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter"
+LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS = "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors"
+LORA_MANAGER_PREPARE_LORA_BATCH = "sglang.srt.lora.lora_manager.LoRAManager.prepare_lora_batch"
+LORA_ADAPTER_INIT = "sglang.srt.lora.lora.LoRAAdapter.__init__"
+LORA_ADAPTER_INITIALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights"
+LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights_from_tensors"
+LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"
+VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
+PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
+
 # The parent backend and what it reuses.
 TRITON_BACKEND = "sglang.srt.lora.backend.triton_backend.TritonLoRABackend"
 TRITON_PREPARE_LORA_BATCH = TRITON_BACKEND + ".prepare_lora_batch"
@@ -50,6 +62,16 @@ ALL = (
     POOL_CLEAR_SLOT,
     POOL_IS_MOE_MODULE,
     GET_STACKED_MULTIPLY,
+    LORA_MANAGER_VALIDATE_NEW_ADAPTER,
+    LORA_MANAGER_LOAD_ADAPTER,
+    LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS,
+    LORA_MANAGER_PREPARE_LORA_BATCH,
+    LORA_ADAPTER_INIT,
+    LORA_ADAPTER_INITIALIZE_WEIGHTS,
+    LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
+    LORA_ADAPTER_NORMALIZE_WEIGHTS,
+    VOCAB_PARALLEL_EMBEDDING,
+    PARALLEL_LM_HEAD,
     TRITON_BACKEND,
     TRITON_PREPARE_LORA_BATCH,
     TRITON_SGEMM_INFO,
@@ -69,6 +91,9 @@ REQUIRED_PARAMETERS = {
     TRITON_INIT_DECODE_GRAPH_INFO: ("max_bs_in_cuda_graph", "num_tokens_per_req"),
     TRITON_PREPARE_LORA_BATCH: ("forward_batch", "weight_indices", "lora_ranks", "scalings", "use_prefill_cuda_graph"),
     TRITON_SGEMM_INFO: ("pruned_batch_info",),
+    LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
+    LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
+    LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
 }
 
 #: Source anchors: (callable, text its source must contain, why the plugin depends on it).
@@ -82,5 +107,30 @@ REQUIRED_SOURCE = (
         POOL_LOAD_WEIGHTS,
         "target_buffer[buffer_id, : lora_rank * c, :]",
         "the pool patch re-spaces stacked LoRA-A that SGLang writes packed at stride r",
+    ),
+    (
+        LORA_ADAPTER_INITIALIZE_WEIGHTS,
+        "self._normalize_weights()",
+        "adapter checks run on the loaded tensors before SGLang normalizes them",
+    ),
+    (
+        LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
+        "self._normalize_weights()",
+        "adapter checks run on the loaded tensors before SGLang normalizes them",
+    ),
+    (
+        LORA_ADAPTER_INIT,
+        "self.scaling: float = self.config.lora_alpha / self.config.r",
+        "adapter checks set the served scale on LoRAAdapter.scaling after construction",
+    ),
+    (
+        LORA_MANAGER_PREPARE_LORA_BATCH,
+        "scalings[weight_index] = lora.scaling",
+        "each batch reads the adapter's scale from LoRAAdapter.scaling (set by the adapter checks)",
+    ),
+    (
+        LORA_MANAGER_LOAD_ADAPTER,
+        "self.validate_new_adapter(new_adapter, lora_ref)",
+        "adapter configs are checked in validate_new_adapter before any tensor is read",
     ),
 )

@@ -1,0 +1,144 @@
+"""Targets: sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER),
+    sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter (AROUND),
+    sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter and
+    ``_load_lora_adapter_from_tensors`` (AROUND), and
+    sglang.srt.lora.lora.LoRAAdapter._normalize_weights (BEFORE)
+Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter_config.json``:
+    rsLoRA, ``alpha_pattern`` and ``rank_pattern`` adapters are served with wrong numbers or
+    refused with a bare tensor error; ``modules_to_save``, biases and DoRA-like variants are
+    silently ignored; adapters for another hidden size, with only some of q/k/v, with NaN/Inf
+    tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
+    their first request; a failed load leaves its config behind.
+How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.scope`):
+    * at argument validation, each local ``--lora-paths`` adapter's config is checked (rank
+      against ``--max-lora-rank`` included), so a refused adapter stops the launcher before the
+      model loads;
+    * ``validate_new_adapter`` (before SGLang's own checks and before any tensor is read) checks
+      the config, resolves a regular-expression ``target_modules`` against the model, sets
+      ``config.r`` to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
+    * ``_normalize_weights`` (after the tensors are read into CPU memory, before SGLang stacks
+      q/k/v and gate/up and before any pool slot is written) checks each tensor, folds scales,
+      pads ranks, adds zero slices and sets the adapter's ``scaling``;
+    * a failed ``_load_lora_adapter*`` removes the config and weights it left in the manager, so
+      a refused adapter leaves nothing behind (HTTP 400; the server keeps serving).
+Checked against: SGLang 0.5.23 (the compat guard checks the parameters and source anchors).
+Remove when: SGLang validates and honours every ``LoraConfig`` field itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from sglang_xpu_lora.adapters import AdapterRejected, scope
+from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
+from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
+from sglang_xpu_lora.adapters.tensor_checks import check_tensors, fill_missing_slices, sglang_module_dims
+from sglang_xpu_lora.compat import resolve
+from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.registry import LoRABackendRegistry
+
+logger = logging.getLogger(__name__)
+
+#: Attribute set on SGLang's ``LoRAConfig`` of an adapter in scope: its ``AdapterPlan``.
+PLAN_ATTR = "xpu_lora_plan"
+
+
+def check_lora_paths(server_args: Any) -> None:
+    """Check the config of every local ``--lora-paths`` adapter served by a backend in scope.
+
+    Adapters named by a hub id (no local ``adapter_config.json``) are checked when they load.
+
+    Raises:
+        ValueError: one line per refused adapter (and for an invalid scope setting).
+    """
+    cfg = resolve(targets.RESOLVING_VIEW)(server_args)
+    if not cfg.enable_lora or not cfg.lora_paths or not scope.applies_to(cfg.lora_backend):
+        return
+    problems = []
+    for ref in cfg.lora_paths:
+        config_file = Path(ref.lora_path) / "adapter_config.json"
+        if not config_file.is_file():
+            continue
+        try:
+            check_adapter_config(ref.lora_name, json.loads(config_file.read_text()), cfg.max_lora_rank)
+        except AdapterRejected as exc:
+            problems.append(str(exc))
+        except ValueError as exc:  # unreadable JSON
+            problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {config_file}: {exc}")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
+    """Check an adapter's config for ``manager`` and prepare its config for SGLang: a resolved
+    ``target_modules`` list, ``r`` = the served rank, and the plan attached as :data:`PLAN_ATTR`.
+
+    Raises:
+        AdapterRejected: a refused field, or a rank above the memory pool's ``max_lora_rank``.
+    """
+    pool = getattr(manager, "memory_pool", None)
+    plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, pool.max_lora_rank if pool else None)
+    for warning in plan.warnings:
+        logger.warning(warning)
+    if plan.target_regex:
+        lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
+    lora_config.r = plan.served_rank
+    setattr(lora_config, PLAN_ATTR, plan)
+
+
+def prepare_weights(adapter: Any) -> None:
+    """Check, fold and pad the CPU tensors of a planned adapter (a no-op for others); see
+    :mod:`sglang_xpu_lora.adapters`.
+
+    Raises:
+        AdapterRejected: a non-finite tensor, a wrong shape, or a module the model lacks.
+    """
+    plan = getattr(adapter.config, PLAN_ATTR, None)
+    if plan is None:
+        return
+    dims, fused, _ = sglang_module_dims(adapter.base_model)
+    layer_weights = [layer.weights for layer in adapter.layers]
+    check_tensors(plan, itertools.chain(*(w.items() for w in layer_weights), adapter.embedding_layers.items()), dims)
+    for weights in layer_weights:
+        fold_and_pad(plan, weights)
+        fill_missing_slices(weights, dims, fused)
+    fold_and_pad(plan, adapter.embedding_layers)
+    adapter.scaling = served_scale(plan)
+
+
+def apply(registry: LoRABackendRegistry) -> None:
+    hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
+
+    def after_check_lora_server_args(result, server_args, *args, **kwargs):
+        check_lora_paths(server_args)
+        return result
+
+    def around_validate_new_adapter(original, manager, lora_config, lora_ref, *args, **kwargs):
+        if scope.applies_to(manager.lora_backend.name):
+            plan_adapter(manager, lora_config, lora_ref)
+        return original(manager, lora_config, lora_ref, *args, **kwargs)
+
+    def around_load_lora_adapter(original, manager, lora_ref, *args, **kwargs):
+        if not scope.applies_to(manager.lora_backend.name):
+            return original(manager, lora_ref, *args, **kwargs)
+        had_config, had_weights = lora_ref.lora_id in manager.configs, lora_ref.lora_id in manager.loras
+        result = original(manager, lora_ref, *args, **kwargs)
+        if not result.success:  # SGLang keeps the config (and weights) of a failed load
+            if not had_config:
+                manager.configs.pop(lora_ref.lora_id, None)
+            if not had_weights:
+                manager.loras.pop(lora_ref.lora_id, None)
+        return result
+
+    def before_normalize_weights(adapter, *args, **kwargs):
+        prepare_weights(adapter)
+
+    hook_registry.register(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, hook_type.AFTER)
+    hook_registry.register(targets.LORA_MANAGER_VALIDATE_NEW_ADAPTER, around_validate_new_adapter, hook_type.AROUND)
+    hook_registry.register(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_lora_adapter, hook_type.AROUND)
+    hook_registry.register(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load_lora_adapter, hook_type.AROUND)
+    hook_registry.register(targets.LORA_ADAPTER_NORMALIZE_WEIGHTS, before_normalize_weights, hook_type.BEFORE)
