@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sysconfig
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 VOCAB_SIZE = 1024
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -18,13 +18,18 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 @dataclasses.dataclass(frozen=True)
 class AdapterSpec:
-    """One PEFT LoRA adapter to build: ``name`` (directory and served name), rank, alpha, targets."""
+    """One PEFT LoRA adapter to build: ``name`` (directory and served name), rank, alpha, targets
+    (module names, or a regular expression as PEFT accepts); ``lora_options``: further
+    ``peft.LoraConfig`` arguments (``use_rslora``, ``alpha_pattern``, ...); ``base_overrides``:
+    ``LlamaConfig`` changes of the base the adapter is trained on (an adapter for another model)."""
 
     name: str
     rank: int
     alpha: int
-    target_modules: Sequence[str] = ALL_LINEAR
+    target_modules: Union[Sequence[str], str] = ALL_LINEAR
     seed: int = 0
+    lora_options: Optional[dict[str, Any]] = None
+    base_overrides: Optional[dict[str, Any]] = None
 
 
 DEFAULT_ADAPTERS = (
@@ -58,11 +63,11 @@ def _train_tokenizer(out_dir: Path) -> None:
     ).save_pretrained(out_dir)
 
 
-def _build_base(out_dir: Path, seed: int) -> None:
+def _build_base(out_dir: Path, seed: int, **overrides: Any) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    settings = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
@@ -77,6 +82,7 @@ def _build_base(out_dir: Path, seed: int) -> None:
         pad_token_id=2,
         dtype="float32",
     )
+    config = LlamaConfig(**{**settings, **overrides})
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -92,14 +98,9 @@ def _build_adapter(base_dir: Path, out_dir: Path, spec: AdapterSpec) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    config = LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        target_modules=list(spec.target_modules),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
+    options = {"lora_dropout": 0.0, "bias": "none", **(spec.lora_options or {})}
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=targets, task_type="CAUSAL_LM", **options)
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
@@ -136,10 +137,16 @@ def build_all(
         _mark_built(base_dir, base_key)
     for spec in adapters:
         out = root / spec.name
-        key = {"base": base_key, **dataclasses.asdict(spec), "target_modules": list(spec.target_modules)}
+        targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
+        key = {"base": base_key, **dataclasses.asdict(spec), "target_modules": targets}
         if not _is_built(out, key):
-            report(f"building PEFT LoRA adapter {spec.name} (rank {spec.rank}, {len(spec.target_modules)} target modules)")
-            _build_adapter(base_dir, out, spec)
+            trained_on = base_dir
+            if spec.base_overrides:
+                trained_on = root / f"{spec.name}-base"
+                trained_on.mkdir(parents=True, exist_ok=True)
+                _build_base(trained_on, seed, **spec.base_overrides)
+            report(f"building PEFT LoRA adapter {spec.name} (rank {spec.rank}, target modules {targets})")
+            _build_adapter(trained_on, out, spec)
             _mark_built(out, key)
         paths[spec.name] = out
     return paths

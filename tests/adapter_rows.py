@@ -1,0 +1,51 @@
+"""The PEFT adapters of issue 12's table, built on the tiny Llama: those served exactly
+(``SERVED``), those refused at load with the field or tensor to name (``REFUSED``), and the rank-64
+adapter refused at start-up with ``--max-lora-rank 32`` (``TOO_BIG``)."""
+
+from __future__ import annotations
+
+from sglang_cpu_devsupport.tiny_model import AdapterSpec
+
+QV = ("q_proj", "v_proj")
+
+#: Served exactly as PEFT computes them.
+SERVED = (
+    AdapterSpec("rslora-r16", rank=16, alpha=32, target_modules=QV, seed=11, lora_options={"use_rslora": True}),
+    AdapterSpec("alpha-pattern", rank=8, alpha=16, target_modules=QV, seed=12, lora_options={"alpha_pattern": {"v_proj": 64}}),
+    AdapterSpec("rank-pattern", rank=8, alpha=16, target_modules=QV, seed=13, lora_options={"rank_pattern": {"q_proj": 4}}),
+    AdapterSpec(
+        "rslora-patterns", rank=8, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"), seed=14,
+        lora_options={"use_rslora": True, "rank_pattern": {"k_proj": 4, "o_proj": 12}, "alpha_pattern": {"v_proj": 8}},
+    ),
+    AdapterSpec("kv-only", rank=8, alpha=16, target_modules=("k_proj", "v_proj"), seed=15),
+    AdapterSpec("v-only", rank=8, alpha=16, target_modules=("v_proj",), seed=16),
+    AdapterSpec("qk-only", rank=8, alpha=16, target_modules=("q_proj", "k_proj"), seed=17),
+    # A regular expression: layer 1 only, and up_proj without gate_proj.
+    AdapterSpec("regex-targets", rank=8, alpha=16, target_modules=r"model\.layers\.1\..*\.(q_proj|up_proj)", seed=18),
+)
+
+#: Refused at load: (adapter, what the message must name).
+REFUSED = (
+    (AdapterSpec("modules-to-save", rank=8, alpha=16, target_modules=QV, seed=21, lora_options={"modules_to_save": ["embed_tokens"]}), "modules_to_save"),
+    (AdapterSpec("lora-bias", rank=8, alpha=16, target_modules=QV, seed=22, lora_options={"lora_bias": True}), "lora_bias"),
+    (AdapterSpec("bias-all", rank=8, alpha=16, target_modules=QV, seed=23, lora_options={"bias": "all"}), "'bias'"),
+    (AdapterSpec("dora", rank=8, alpha=16, target_modules=QV, seed=24, lora_options={"use_dora": True}), "use_dora"),
+    # Trained on a base with hidden size 64 (same module names): refused naming a tensor and shapes.
+    (
+        AdapterSpec("other-hidden", rank=8, alpha=16, target_modules=QV, seed=25, base_overrides={"hidden_size": 64, "head_dim": 16}),
+        "expected (8, 128)",
+    ),
+)
+
+#: Above ``--max-lora-rank 32``.
+TOO_BIG = AdapterSpec("big-r64", rank=64, alpha=64, target_modules=QV, seed=26)
+
+ALL = (*SERVED, *(spec for spec, _ in REFUSED), TOO_BIG)
+
+
+def build(tiny_artifacts) -> dict:
+    """Build (or reuse) every adapter above next to the session's tiny model; returns name -> path,
+    with "base" the served base model."""
+    from sglang_cpu_devsupport import tiny_model
+
+    return tiny_model.build_all(tiny_artifacts["base"].parent, adapters=ALL)
