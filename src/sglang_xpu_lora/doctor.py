@@ -81,8 +81,21 @@ def collect() -> dict[str, Any]:
     missing = compat.unresolved_targets() if version else {}
     report["patch_points"] = [{"symbol": target, "found": version is not None and target not in missing} for target in targets.ALL]
     report["problems"].extend(host_problems)
+    add_adapter_checks(report)
     report["can_serve"] = not report["problems"]
     return report
+
+
+def add_adapter_checks(report: dict[str, Any]) -> None:
+    """Which backends' adapters are checked and fixed at load (``SGLANG_XPU_LORA_ADAPTER_CHECKS``);
+    an invalid value is a problem."""
+    from sglang_xpu_lora.adapters import scope
+
+    report["adapter_checks"] = scope.describe()
+    try:
+        scope.setting()
+    except ValueError as exc:
+        report["problems"].append(str(exc))
 
 
 @contextlib.contextmanager
@@ -114,6 +127,7 @@ def render(report: dict[str, Any]) -> str:
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
     lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]
+    lines.append(f"PEFT adapter checks at load: {report['adapter_checks']}")
     lines.append("")
     if report["can_serve"]:
         lines.append("OK: --lora-backend intel_xpu can serve on this machine.")
