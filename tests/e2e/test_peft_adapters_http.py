@@ -112,6 +112,7 @@ def test_refused_rows_get_400_naming_field_or_tensor_and_nothing_loads(server, p
 
 def test_launcher_refuses_rank_above_max_lora_rank_before_loading_the_model(paths, tmp_path):
     argv = serving.server_argv(paths, ["sql-r8", "big-r64"], serving.free_port())
+    argv[argv.index("--log-level") + 1] = "info"  # so a model load would show ("Load weight begin")
     result = subprocess.run(argv, env={**os.environ, **serving.cpu_env("torch")}, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]

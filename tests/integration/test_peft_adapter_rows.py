@@ -136,3 +136,14 @@ def test_missing_lora_b_is_refused(rows, base_linears, tmp_path):
     plan = check_adapter_config("v-only", config)
     with pytest.raises(AdapterRejected, match=r"has lora_A but no lora_B"):
         check_tensors(plan, tensors.items(), hf_dims(base_linears))
+
+
+@pytest.mark.parametrize("name", ["rslora-r16", "alpha-pattern"])
+def test_sglang_scale_alone_differs_from_peft(name, rows):
+    """The failure the folding exists for: lora_alpha / r with the tensors as saved (SGLang's own
+    treatment) is not PEFT's update."""
+    config, tensors = load_adapter(rows[name])
+    expected = peft_deltas(rows["base"], rows[name])
+    key = "model.layers.0.self_attn.v_proj"
+    naive = config["lora_alpha"] / config["r"] * (tensors[f"base_model.model.{key}.lora_B.weight"] @ tensors[f"base_model.model.{key}.lora_A.weight"])
+    assert float((naive - expected[key]).abs().max()) > 1e-2

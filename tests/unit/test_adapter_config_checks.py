@@ -123,3 +123,10 @@ def test_regex_target_modules_resolve_like_peft_and_must_match_something():
     with pytest.raises(AdapterRejected, match="matches no module of the base model"):
         resolve_target_regex(AdapterPlan(name="re", r=8, lora_alpha=16, target_modules="nothing"), keys)
     assert AdapterPlan(name="a", r=8, lora_alpha=8, target_modules="all-linear").target_regex is None
+
+
+def test_docs_page_names_every_field():
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "peft-adapters.md").read_text()
+    assert [field for field in FIELDS if f"`{field}`" not in page] == []
