@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from sglang_xpu_lora import doctor
 from sglang_xpu_lora.adapters import scope
@@ -22,12 +23,24 @@ def big_adapter(tmp_path):
     return path
 
 
-def check_args(tiny_artifacts, big_adapter, backend):
+def write_adapter(path, tensors):
+    """A rank-8 q_proj adapter directory holding ``tensors`` (layer-0 q_proj A and B)."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "bias": "none"}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_{factor}.weight": t for factor, t in zip("AB", tensors)}, path / "adapter_model.safetensors")
+    return path
+
+
+def check_args(tiny_artifacts, adapter, backend):
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
         model_path=str(tiny_artifacts["base"]), device="cpu", enable_lora=True, lora_backend=backend,
-        lora_paths=[f"sql-r8={tiny_artifacts['sql-r8']}", f"big={big_adapter}"], max_lora_rank=32,
+        lora_paths=[f"sql-r8={tiny_artifacts['sql-r8']}", f"{adapter.name}={adapter}"], max_lora_rank=32,
     )
     args.resolve_once()
     args.check_server_args()
@@ -36,8 +49,26 @@ def check_args(tiny_artifacts, big_adapter, backend):
 def test_plugin_backend_adapters_are_checked_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, big_adapter, monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
-    with pytest.raises(ValueError, match=r"LoRA adapter 'big' cannot be served exactly: field 'r': rank 64 exceeds --max-lora-rank 32"):
+    with pytest.raises(ValueError, match=r"LoRA adapter 'big-r64' cannot be served exactly: field 'r': rank 64 exceeds --max-lora-rank 32"):
         check_args(tiny_artifacts, big_adapter, "intel_xpu")
+
+
+@pytest.mark.parametrize(
+    "tensors, named",
+    [
+        ((torch.zeros(8, 64), torch.zeros(128, 8)), r"has shape \(8, 64\), expected \(8, 128\)"),
+        ((torch.zeros(8, 128), torch.full((128, 8), float("inf"))), r"q_proj\.lora_B\.weight' has 1024 non-finite"),
+    ],
+    ids=["other-hidden-size", "non-finite"],
+)
+def test_startup_adapter_tensors_are_checked_before_the_model_loads(
+    sglang_plugins_loaded, tiny_artifacts, tmp_path, monkeypatch, tensors, named
+):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+    adapter = write_adapter(tmp_path / "bad", tensors)
+    with pytest.raises(ValueError, match=rf"LoRA adapter 'bad' cannot be served: tensor .*{named}"):
+        check_args(tiny_artifacts, adapter, "intel_xpu")
 
 
 def test_sglang_backends_are_untouched_unless_opted_in(sglang_plugins_loaded, tiny_artifacts, big_adapter, monkeypatch):

@@ -6,7 +6,6 @@ must name the field or tensor. End to end over HTTP: tests/e2e/test_peft_adapter
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import adapter_rows
 from sglang_xpu_lora.adapters import AdapterRejected
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
-from sglang_xpu_lora.adapters.tensor_checks import FUSED_SLICES, check_tensors, fill_missing_slices
+from sglang_xpu_lora.adapters.tensor_checks import FUSED_SLICES, check_tensors, fill_missing_slices, hf_meta_dims
 
 TOLERANCE = 1e-6
 
@@ -27,21 +26,17 @@ def rows(tiny_artifacts):
 
 @pytest.fixture(scope="module")
 def base_linears(rows):
-    """PEFT module key -> nn.Linear / nn.Embedding of the transformers base model."""
+    """The transformers base model's LoRA-able module names (PEFT module keys)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(rows["base"], dtype=torch.float32)
-    return {name: m for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    return [name for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
 
 
-def hf_dims(base_linears):
-    def dims(key):
-        module = base_linears.get(key)
-        if isinstance(module, torch.nn.Embedding):
-            return module.embedding_dim, module.num_embeddings
-        return (module.out_features, module.in_features) if module is not None else None
-
-    return dims
+@pytest.fixture(scope="module")
+def dims(rows):
+    """The base model's module shapes, read as at argument validation (meta device)."""
+    return hf_meta_dims(str(rows["base"]))
 
 
 def load_adapter(path):
@@ -66,10 +61,9 @@ def peft_deltas(base_dir, adapter_dir):
 
 
 @pytest.mark.parametrize("spec", adapter_rows.SERVED, ids=lambda s: s.name)
-def test_served_adapter_equals_peft_module_by_module(spec, rows, base_linears):
+def test_served_adapter_equals_peft_module_by_module(spec, rows, base_linears, dims):
     config, tensors = load_adapter(rows[spec.name])
     plan = check_adapter_config(spec.name, config, max_lora_rank=32)
-    dims = hf_dims(base_linears)
     check_tensors(plan, tensors.items(), dims)
     fold_and_pad(plan, tensors)
     fill_missing_slices(tensors, dims, set(FUSED_SLICES))
@@ -89,39 +83,39 @@ def test_served_adapter_equals_peft_module_by_module(spec, rows, base_linears):
         assert delta <= TOLERANCE, f"{spec.name} {key}: max |Δ| {delta:.2e}"
 
 
-def test_partial_qkv_adapters_get_zero_slices_for_the_fused_module(rows, base_linears):
+def test_partial_qkv_adapters_get_zero_slices_for_the_fused_module(rows, dims):
     _, tensors = load_adapter(rows["kv-only"])
-    added = fill_missing_slices(tensors, hf_dims(base_linears), {"qkv_proj"})
+    added = fill_missing_slices(tensors, dims, {"qkv_proj"})
     assert sorted(added) == [f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{f}.weight" for i in (0, 1) for f in "AB"]
     q_b = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
     assert q_b.shape == (128, 8) and not q_b.any()
 
 
 @pytest.mark.parametrize("spec, named", adapter_rows.REFUSED, ids=[spec.name for spec, _ in adapter_rows.REFUSED])
-def test_refused_adapter_names_the_field_or_tensor(spec, named, rows, base_linears):
+def test_refused_adapter_names_the_field_or_tensor(spec, named, rows, dims):
     config, tensors = load_adapter(rows[spec.name])
     with pytest.raises(AdapterRejected) as refused:
         plan = check_adapter_config(spec.name, config, max_lora_rank=32)
-        check_tensors(plan, tensors.items(), hf_dims(base_linears))
+        check_tensors(plan, tensors.items(), dims)
     message = str(refused.value)
     assert repr(spec.name) in message and named in message, message
 
 
-def test_wrong_hidden_size_names_tensor_and_both_shapes(rows, base_linears):
+def test_wrong_hidden_size_names_tensor_and_both_shapes(rows, dims):
     config, tensors = load_adapter(rows["other-hidden"])
     plan = check_adapter_config("other-hidden", config)
     with pytest.raises(AdapterRejected, match=r"tensor 'base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_A\.weight' has shape \(8, 64\), expected \(8, 128\)"):
-        check_tensors(plan, tensors.items(), hf_dims(base_linears))
+        check_tensors(plan, tensors.items(), dims)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_tensor_is_refused_naming_it(value, rows, base_linears):
+def test_non_finite_tensor_is_refused_naming_it(value, rows, dims):
     config, tensors = load_adapter(rows["alpha-pattern"])
     name = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
     tensors[name][3, 2] = value
     plan = check_adapter_config("nan-adapter", config)
     with pytest.raises(AdapterRejected, match=rf"'nan-adapter'.*tensor '{name}' has 1 non-finite value"):
-        check_tensors(plan, tensors.items(), hf_dims(base_linears))
+        check_tensors(plan, tensors.items(), dims)
 
 
 def test_rank_above_max_lora_rank_is_refused_naming_the_flag(rows):
@@ -130,12 +124,12 @@ def test_rank_above_max_lora_rank_is_refused_naming_the_flag(rows):
         check_adapter_config("big-r64", config, max_lora_rank=32)
 
 
-def test_missing_lora_b_is_refused(rows, base_linears, tmp_path):
+def test_missing_lora_b_is_refused(rows, dims):
     config, tensors = load_adapter(rows["v-only"])
     del tensors["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]
     plan = check_adapter_config("v-only", config)
     with pytest.raises(AdapterRejected, match=r"has lora_A but no lora_B"):
-        check_tensors(plan, tensors.items(), hf_dims(base_linears))
+        check_tensors(plan, tensors.items(), dims)
 
 
 @pytest.mark.parametrize("name", ["rslora-r16", "alpha-pattern"])

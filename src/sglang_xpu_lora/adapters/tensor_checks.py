@@ -49,11 +49,15 @@ def _is_expert(module_key: str) -> bool:
     return ".experts." in module_key or module_key.endswith(".experts")
 
 
-def check_tensors(plan: AdapterPlan, tensors: Iterable[tuple[str, torch.Tensor]], dims: ModuleDims) -> None:
+def check_tensors(
+    plan: AdapterPlan, tensors: Iterable[tuple[str, torch.Tensor]], dims: ModuleDims, require_known_modules: bool = True
+) -> None:
     """Refuse the adapter unless every tensor is a finite LoRA factor of a module the base model
     has, with PEFT's shape for that module's rank (``plan.module_rank``), and A and B come in pairs.
 
     MoE expert tensors are checked for finiteness and rank only (their layout is SGLang's concern).
+    With ``require_known_modules=False`` a module ``dims`` does not know is not refused (for a
+    lookup that may name modules differently from the serving model).
 
     Raises:
         AdapterRejected: naming the adapter, the first offending tensor, its shape and the
@@ -83,6 +87,8 @@ def check_tensors(plan: AdapterPlan, tensors: Iterable[tuple[str, torch.Tensor]]
         if _is_expert(key):
             continue
         expected_dims = dims(key)
+        if expected_dims is None and not require_known_modules:
+            continue
         if expected_dims is None:
             _reject(plan, f"tensor {name!r} is for module {key}, which the base model does not have; check that the adapter was trained for this model")
         out_features, in_features = expected_dims
@@ -168,6 +174,34 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
         elif hasattr(layer, "input_size") and hasattr(layer, "output_size"):  # LinearBase
             table[name] = (layer.output_size, layer.input_size)
     return table.get, fused, sorted(table)
+
+
+def hf_module_dims(model: torch.nn.Module) -> ModuleDims:
+    """The :data:`ModuleDims` of a transformers model (on any device, ``meta`` included): its
+    module names are PEFT's module keys."""
+    table = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            table[name] = (module.out_features, module.in_features)
+        elif isinstance(module, torch.nn.Embedding):
+            table[name] = (module.embedding_dim, module.num_embeddings)
+    return table.get
+
+
+def hf_meta_dims(model_path: str, trust_remote_code: bool = False) -> Optional[ModuleDims]:
+    """The :data:`ModuleDims` of ``model_path``'s transformers causal-LM built on the ``meta``
+    device (no weights are read; used at argument validation, before SGLang loads the model), or
+    None when transformers cannot build it from a local config (a hub id offline, an architecture
+    it lacks): the tensors are then checked when the adapter loads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, ImportError, TypeError):
+        return None
+    return hf_module_dims(model)
 
 
 def _reject(plan: AdapterPlan, problem: str) -> None:

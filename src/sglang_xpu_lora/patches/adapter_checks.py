@@ -10,9 +10,9 @@ Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter
     tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
     their first request; a failed load leaves its config behind.
 How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.scope`):
-    * at argument validation, each local ``--lora-paths`` adapter's config is checked (rank
-      against ``--max-lora-rank`` included), so a refused adapter stops the launcher before the
-      model loads;
+    * at argument validation, each local ``--lora-paths`` adapter is checked (config, rank
+      against ``--max-lora-rank``, finite tensors shaped for the base model's config), so a
+      refused adapter stops the launcher before the model loads;
     * ``validate_new_adapter`` (before SGLang's own checks and before any tensor is read) checks
       the config, resolves a regular-expression ``target_modules`` against the model, sets
       ``config.r`` to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
@@ -31,12 +31,18 @@ import itertools
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, scope
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
-from sglang_xpu_lora.adapters.tensor_checks import check_tensors, fill_missing_slices, sglang_module_dims
+from sglang_xpu_lora.adapters.tensor_checks import (
+    ModuleDims,
+    check_tensors,
+    fill_missing_slices,
+    hf_meta_dims,
+    sglang_module_dims,
+)
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
 from sglang_xpu_lora.registry import LoRABackendRegistry
@@ -48,9 +54,12 @@ PLAN_ATTR = "xpu_lora_plan"
 
 
 def check_lora_paths(server_args: Any) -> None:
-    """Check the config of every local ``--lora-paths`` adapter served by a backend in scope.
+    """Check every local ``--lora-paths`` adapter served by a backend in scope, before the model
+    loads: its config, and its ``adapter_model.safetensors`` tensors (finite; shaped for the base
+    model's config, built on the ``meta`` device).
 
-    Adapters named by a hub id (no local ``adapter_config.json``) are checked when they load.
+    Adapters named by a hub id (no local ``adapter_config.json``), and tensors when transformers
+    cannot build the base model from its config, are checked when they load.
 
     Raises:
         ValueError: one line per refused adapter (and for an invalid scope setting).
@@ -58,19 +67,34 @@ def check_lora_paths(server_args: Any) -> None:
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     if not cfg.enable_lora or not cfg.lora_paths or not scope.applies_to(cfg.lora_backend):
         return
+    local = [ref for ref in cfg.lora_paths if (Path(ref.lora_path) / "adapter_config.json").is_file()]
+    dims = hf_meta_dims(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
     problems = []
-    for ref in cfg.lora_paths:
-        config_file = Path(ref.lora_path) / "adapter_config.json"
-        if not config_file.is_file():
-            continue
+    for ref in local:
         try:
-            check_adapter_config(ref.lora_name, json.loads(config_file.read_text()), cfg.max_lora_rank)
+            check_local_adapter(ref.lora_name, Path(ref.lora_path), cfg.max_lora_rank, dims)
         except AdapterRejected as exc:
             problems.append(str(exc))
-        except ValueError as exc:  # unreadable JSON
-            problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {config_file}: {exc}")
+        except ValueError as exc:  # an unreadable file
+            problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {ref.lora_path}: {exc}")
     if problems:
         raise ValueError("\n".join(problems))
+
+
+def check_local_adapter(name: str, path: Path, max_lora_rank: Optional[int], dims: Optional[ModuleDims]) -> None:
+    """Check the adapter in directory ``path``: its config, and with ``dims`` its safetensors.
+
+    Raises:
+        AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`
+            and :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors`.
+        ValueError: unreadable JSON or safetensors.
+    """
+    plan = check_adapter_config(name, json.loads((path / "adapter_config.json").read_text()), max_lora_rank)
+    weights = path / "adapter_model.safetensors"
+    if dims is not None and weights.is_file():
+        from safetensors.torch import load_file
+
+        check_tensors(plan, load_file(weights).items(), dims, require_known_modules=False)
 
 
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
