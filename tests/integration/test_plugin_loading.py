@@ -44,7 +44,12 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
     assert "LAZY True" in result.stdout
     assert (
         "HOOKS ['sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
+        "'sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
+        "'sglang.srt.lora.lora.LoRAAdapter._normalize_weights', "
+        "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter', "
+        "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors', "
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
+        "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout

@@ -199,7 +199,7 @@ def hf_meta_dims(model_path: str, trust_remote_code: bool = False) -> Optional[M
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError, ImportError, TypeError):
+    except Exception:  # noqa: BLE001 - best effort: never block a model SGLang can load; load-time checks still run
         return None
     return hf_module_dims(model)
 

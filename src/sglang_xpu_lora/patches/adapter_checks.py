@@ -105,7 +105,9 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
         AdapterRejected: a refused field, or a rank above the memory pool's ``max_lora_rank``.
     """
     pool = getattr(manager, "memory_pool", None)
-    plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, pool.max_lora_rank if pool else None)
+    # Before the pool exists (start-up adapters), the bound is --max-lora-rank when it was given.
+    max_lora_rank = pool.max_lora_rank if pool is not None else resolve(targets.GET_LORA)().max_lora_rank
+    plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, max_lora_rank)
     for warning in plan.warnings:
         logger.warning(warning)
     if plan.target_regex:

@@ -31,6 +31,7 @@ LORA_ADAPTER_INIT = "sglang.srt.lora.lora.LoRAAdapter.__init__"
 LORA_ADAPTER_INITIALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights"
 LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights_from_tensors"
 LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"
+GET_LORA = "sglang.srt.runtime_context.get_lora"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -70,6 +71,7 @@ ALL = (
     LORA_ADAPTER_INITIALIZE_WEIGHTS,
     LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
     LORA_ADAPTER_NORMALIZE_WEIGHTS,
+    GET_LORA,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     TRITON_BACKEND,
