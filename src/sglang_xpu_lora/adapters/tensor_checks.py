@@ -143,9 +143,10 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
     """Read an SGLang base model (LoRA-wrapped or not).
 
     Returns ``(dims, fused_modules, module_keys)``: the :data:`ModuleDims` lookup by PEFT module
-    key, the fused module names the model has (``{"qkv_proj", "gate_up_proj"}`` for Llama), and the
-    model's LoRA-able modules named as in the Hugging Face model (fused modules split into their
-    slices), for resolving a regular-expression ``target_modules``.
+    key (a fused module answers both for its slices and, for adapters saved already stacked, for
+    itself), the fused module names the model has (``{"qkv_proj", "gate_up_proj"}`` for Llama),
+    and the model's LoRA-able modules named as in the Hugging Face model (fused modules split into
+    their slices), for resolving a regular-expression ``target_modules``.
     """
     from sglang_xpu_lora.compat import resolve
     from sglang_xpu_lora.patches import targets
@@ -166,14 +167,17 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
             sizes = (layer.total_num_heads * layer.head_size, kv * layer.head_size, kv * layer.v_head_size)
             for part, size in zip(FUSED_SLICES[leaf], sizes):
                 table[f"{prefix}.{part}"] = (size, layer.hidden_size)
+            table[name] = (sum(sizes), layer.hidden_size)  # adapters saved already stacked
             fused.add(leaf)
         elif hasattr(layer, "output_sizes") and leaf in FUSED_SLICES:  # MergedColumnParallelLinear
             for part, size in zip(FUSED_SLICES[leaf], layer.output_sizes):
                 table[f"{prefix}.{part}"] = (size, layer.input_size)
+            table[name] = (sum(layer.output_sizes), layer.input_size)
             fused.add(leaf)
         elif hasattr(layer, "input_size") and hasattr(layer, "output_size"):  # LinearBase
             table[name] = (layer.output_size, layer.input_size)
-    return table.get, fused, sorted(table)
+    hf_keys = [key for key in table if key.rpartition(".")[2] not in fused]
+    return table.get, fused, sorted(hf_keys)
 
 
 def hf_module_dims(model: torch.nn.Module) -> ModuleDims:
