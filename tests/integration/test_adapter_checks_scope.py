@@ -94,3 +94,31 @@ def test_doctor_reports_the_scope_and_an_invalid_setting(sglang_plugins_loaded, 
     assert report["problems"] == ["SGLANG_XPU_LORA_ADAPTER_CHECKS='some' is not one of plugin, all"]
     with pytest.raises(ValueError, match="is not one of plugin, all"):
         scope.applies_to("intel_xpu")
+
+
+@pytest.mark.parametrize("backend, leaks", [("intel_xpu", False), ("csgmv", True)])
+def test_failed_load_leaves_nothing_behind(sglang_plugins_loaded, tiny_artifacts, monkeypatch, backend, leaks):
+    """SGLang's ``_load_lora_adapter`` keeps the config of an adapter whose weights fail to load;
+    for a backend in scope the plugin removes it (SGLang's own backends keep upstream behaviour)."""
+    import types
+
+    from sglang.srt.lora.lora_manager import LoRAManager
+    from sglang.srt.lora.lora_registry import LoRARef
+
+    from sglang_xpu_lora.adapters import AdapterRejected
+
+    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+
+    def refuse_weights(lora_ref):
+        raise AdapterRejected("tensor refused")
+
+    manager = types.SimpleNamespace(
+        configs={}, loras={}, lora_refs={}, num_pinned_loras=0,
+        lora_backend=types.SimpleNamespace(name=backend), base_hf_config=types.SimpleNamespace(vocab_size=1024),
+        validate_new_adapter=lambda config, ref: None, load_lora_weights=refuse_weights,
+        create_lora_update_result=lambda success, error_message="": types.SimpleNamespace(success=success, error_message=error_message),
+    )
+    ref = LoRARef(lora_id="id-1", lora_name="bad", lora_path=str(tiny_artifacts["sql-r8"]))
+    result = LoRAManager._load_lora_adapter(manager, ref)
+    assert not result.success and result.error_message == "tensor refused"
+    assert ("id-1" in manager.configs) == leaks
