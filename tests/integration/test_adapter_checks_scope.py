@@ -5,6 +5,7 @@ argument validation, through SGLang's real ``check_server_args``."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -46,11 +47,17 @@ def check_args(tiny_artifacts, adapter, backend):
     args.check_server_args()
 
 
-def test_plugin_backend_adapters_are_checked_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, big_adapter, monkeypatch):
+def test_plugin_backend_adapters_are_checked_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, big_adapter, tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
     with pytest.raises(ValueError, match=r"LoRA adapter 'big-r64' cannot be served exactly: field 'r': rank 64 exceeds --max-lora-rank 32"):
         check_args(tiny_artifacts, big_adapter, "intel_xpu")
+    dora = tmp_path / "dora"
+    shutil.copytree(tiny_artifacts["sql-r8"], dora)
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ValueError, match=r"LoRA adapter 'dora' cannot be served exactly: field 'use_dora'=True: DoRA"):
+        check_args(tiny_artifacts, dora, "intel_xpu")
 
 
 @pytest.mark.parametrize(

@@ -91,10 +91,6 @@ def _alpha_pattern(value: Any, config: Mapping[str, Any]) -> Optional[str]:
     return f"alphas must be numbers, got {bad}" if bad else None
 
 
-def _init_lora_weights(value: Any, config: Mapping[str, Any]) -> Optional[str]:
-    return None  # base-modifying inits are warned about (see AdapterPlan.warnings), not refused
-
-
 def _ensure_weight_tying(value: Any, config: Mapping[str, Any]) -> Optional[str]:
     targets = config.get("target_modules") or ()
     if _set(value) and not isinstance(targets, str) and {"embed_tokens", "lm_head"} & set(targets):
@@ -134,7 +130,7 @@ FIELDS: dict[str, FieldRule] = {
     "lora_dropout": FieldRule("ignored", "training only"),
     "init_lora_weights": FieldRule(
         "honoured", "initialisation only; pissa/olora/corda/loftq/lora_ga adapters are relative to the "
-        "base model the method wrote (a warning says so)", _init_lora_weights,
+        "base model the method wrote (a warning says so)",
     ),
     "eva_config": FieldRule("ignored", "initialisation only"),
     "corda_config": FieldRule("ignored", "initialisation only (see init_lora_weights)"),
@@ -224,11 +220,6 @@ class AdapterPlan:
     def served_rank(self) -> int:
         """The rank the adapter is served at: the largest of ``r`` and the ``rank_pattern`` ranks."""
         return max([self.r, *self.rank_pattern.values()])
-
-    @property
-    def needs_tensor_changes(self) -> bool:
-        """Whether any module's rank or scale differs from ``r`` and the default scale."""
-        return bool(self.rank_pattern or self.alpha_pattern)
 
     @property
     def target_regex(self) -> Optional[str]:
