@@ -16,7 +16,8 @@ zeros (the LoRA update of an untargeted projection is zero, as in PEFT).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, MutableMapping, Optional
+import re
+from typing import Callable, Iterable, MutableMapping, Optional
 
 import torch
 
@@ -176,8 +177,27 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
             fused.add(leaf)
         elif hasattr(layer, "input_size") and hasattr(layer, "output_size"):  # LinearBase
             table[name] = (layer.output_size, layer.input_size)
+    lm_head = getattr(base_model, "lm_head", None)
+    lm_head = getattr(lm_head, "base_layer", lm_head)
+    if "lm_head" not in table and isinstance(lm_head, VocabParallelEmbedding):  # tied to embed_tokens
+        table["lm_head"] = (lm_head.org_vocab_size, lm_head.embedding_dim)
     hf_keys = [key for key in table if key.rpartition(".")[2] not in fused]
-    return table.get, fused, sorted(hf_keys)
+    return _lookup(table), fused, sorted(hf_keys)
+
+
+def _lookup(table: dict[str, tuple[int, int]]) -> ModuleDims:
+    """``table.get``, falling back to the layer index and the name after ``layers.<i>.`` (the leaf
+    for modules outside the layers), so a PEFT key whose prefix differs from the serving model's
+    (``model.language_model.layers.0...`` against ``language_model.model.layers.0...``) is found."""
+    by_position: dict[tuple, tuple[int, int]] = {}
+    for name, dims in table.items():
+        by_position.setdefault(_position(name), dims)
+    return lambda key: table.get(key) or by_position.get(_position(key))
+
+
+def _position(module_key: str) -> tuple:
+    match = re.search(r"(?:^|\.)layers\.(\d+)\.(.+)$", module_key)
+    return (int(match.group(1)), match.group(2)) if match else (None, module_key.rpartition(".")[2])
 
 
 def hf_module_dims(model: torch.nn.Module) -> ModuleDims:
