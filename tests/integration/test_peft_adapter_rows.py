@@ -141,3 +141,16 @@ def test_sglang_scale_alone_differs_from_peft(name, rows):
     key = "model.layers.0.self_attn.v_proj"
     naive = config["lora_alpha"] / config["r"] * (tensors[f"base_model.model.{key}.lora_B.weight"] @ tensors[f"base_model.model.{key}.lora_A.weight"])
     assert float((naive - expected[key]).abs().max()) > 1e-2
+
+
+def test_saved_base_embeddings_are_accepted_at_the_base_shape_only(tiny_artifacts, dims):
+    """PEFT saves the base embed_tokens / lm_head next to their LoRA factors; they are the base's
+    own weights (not served), so only a resized vocabulary is refused."""
+    adapter = tiny_artifacts["emb-head-r8"]
+    config, tensors = load_adapter(adapter)
+    assert "base_model.model.lm_head.base_layer.weight" in tensors
+    plan = check_adapter_config("emb-head-r8", config)
+    check_tensors(plan, tensors.items(), dims)
+    tensors["base_model.model.model.embed_tokens.base_layer.weight"] = torch.zeros(1030, 128)
+    with pytest.raises(AdapterRejected, match=r"saved model\.embed_tokens of shape \(1030, 128\), but the base model's is \(1024, 128\)"):
+        check_tensors(plan, tensors.items(), dims)

@@ -67,6 +67,9 @@ def check_tensors(
     factors: dict[str, set[str]] = {}
     for name, tensor in tensors:
         parsed = split_tensor_name(name)
+        if parsed is None and _saved_base_embedding(name):
+            _check_saved_base_embedding(plan, name, tensor, dims)
+            continue
         if parsed is None:
             _reject(plan, f"tensor {name!r} is not a LoRA factor (lora_A / lora_B); it cannot be served by multi-LoRA")
         key, factor = parsed
@@ -104,6 +107,34 @@ def check_tensors(
         if present != {"A", "B"}:
             missing = ({"A", "B"} - present).pop()
             _reject(plan, f"module {key} has lora_{present.pop()} but no lora_{missing}; the adapter file is incomplete")
+
+
+def _saved_base_embedding(name: str) -> Optional[str]:
+    """The module key of a base ``embed_tokens`` / ``lm_head`` weight PEFT saves next to the LoRA
+    factors (``save_embedding_layers``, on by default when they are targeted), or None."""
+    for suffix in (".base_layer.weight", ".weight"):
+        if name.endswith(suffix):
+            key = name[: -len(suffix)]
+            key = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+            if key.rpartition(".")[2] in ("embed_tokens", "lm_head"):
+                return key
+    return None
+
+
+def _check_saved_base_embedding(plan: AdapterPlan, name: str, tensor: torch.Tensor, dims: ModuleDims) -> None:
+    """A saved base embedding or lm_head is not served (the base model's own is), so it must be
+    the base's shape ``(vocab, hidden)``: a resized vocabulary would be served wrongly."""
+    key = _saved_base_embedding(name)
+    module_dims = dims(key)
+    if module_dims is None:
+        return
+    vocab_hidden = module_dims[::-1] if key.endswith("embed_tokens") else module_dims
+    if tuple(tensor.shape) != vocab_hidden:
+        _reject(
+            plan,
+            f"tensor {name!r} is a saved {key} of shape {tuple(tensor.shape)}, but the base model's is "
+            f"{vocab_hidden}; the adapter was trained with a resized vocabulary, which multi-LoRA does not serve",
+        )
 
 
 def fill_missing_slices(weights: MutableMapping[str, torch.Tensor], dims: ModuleDims, fused_modules: set[str]) -> list[str]:
