@@ -28,20 +28,16 @@ BASE_MODIFYING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 class FieldRule:
     """How one ``LoraConfig`` field is served. ``verdict`` is ``"honoured"``, ``"ignored"`` (has no
     effect on inference) or ``"refused"`` (refused when ``problem`` says so); ``how`` is the one-line
-    explanation used in messages and docs; ``problem(value, config)`` returns the refusal (what is
-    wrong and what to do) or None."""
+    explanation (as docs/peft-adapters.md gives it); ``problem(value, config)`` returns the refusal
+    (what is wrong and what to do) or None."""
 
     verdict: str
     how: str
     problem: Callable[[Any, Mapping[str, Any]], Optional[str]] = lambda value, config: None
 
 
-def _set(value: Any) -> bool:
-    return bool(value)
-
-
 def _refused_when_set(why: str) -> Callable[[Any, Mapping[str, Any]], Optional[str]]:
-    return lambda value, config: why if _set(value) else None
+    return lambda value, config: why if value else None
 
 
 def _peft_type(value: Any, config: Mapping[str, Any]) -> Optional[str]:
@@ -93,7 +89,7 @@ def _alpha_pattern(value: Any, config: Mapping[str, Any]) -> Optional[str]:
 
 def _ensure_weight_tying(value: Any, config: Mapping[str, Any]) -> Optional[str]:
     targets = config.get("target_modules") or ()
-    if _set(value) and not isinstance(targets, str) and {"embed_tokens", "lm_head"} & set(targets):
+    if value and not isinstance(targets, str) and {"embed_tokens", "lm_head"} & set(targets):
         return (
             "embed_tokens and lm_head LoRA tied to each other are not served; save the adapter "
             "untied (ensure_weight_tying=False) or merge it into the base model"
@@ -261,7 +257,7 @@ def check_adapter_config(name: str, config: Mapping[str, Any], max_lora_rank: Op
     for field, value in config.items():
         rule = FIELDS.get(field)
         if rule is None:
-            if _set(value):
+            if value:
                 problems.append(
                     f"field {field!r}={value!r} is unknown to PEFT 0.21.2's LoraConfig, so it cannot be "
                     "honoured; remove it if it does not change the adapter's output"
