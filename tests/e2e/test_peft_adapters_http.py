@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
-import torch
 
 import adapter_rows
 from sglang_cpu_devsupport import serving, tiny_model
@@ -45,7 +43,22 @@ def nan_adapter(paths, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(paths, tmp_path_factory):
+def refused_launch(paths, tmp_path_factory):
+    """A launcher given ``--lora-paths big-r64`` with ``--max-lora-rank 32``, started before (and
+    running alongside) the shared server's start-up; yields ``wait() -> (returncode, output)``."""
+    argv = serving.server_argv(paths, ["sql-r8", "big-r64"], serving.free_port())
+    argv[argv.index("--log-level") + 1] = "info"  # so a model load would show ("Load weight begin")
+    log_path = tmp_path_factory.mktemp("refused") / "launcher.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **serving.cpu_env("torch")}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield lambda: (proc.wait(300), log_path.read_text())
+    finally:
+        serving.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(paths, refused_launch, tmp_path_factory):
     """``post(path, payload)`` against one server started with ``--lora-paths sql-r8 rslora-r16``."""
     port = serving.free_port()
     argv = serving.server_argv(paths, AT_STARTUP, port)
@@ -110,11 +123,8 @@ def test_refused_rows_get_400_naming_field_or_tensor_and_nothing_loads(server, p
     assert server("/unload_lora_adapter", {"lora_name": "other-hidden"})["success"]
 
 
-def test_launcher_refuses_rank_above_max_lora_rank_before_loading_the_model(paths, tmp_path):
-    argv = serving.server_argv(paths, ["sql-r8", "big-r64"], serving.free_port())
-    argv[argv.index("--log-level") + 1] = "info"  # so a model load would show ("Load weight begin")
-    result = subprocess.run(argv, env={**os.environ, **serving.cpu_env("torch")}, capture_output=True, text=True, timeout=300)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
+def test_launcher_refuses_rank_above_max_lora_rank_before_loading_the_model(refused_launch):
+    returncode, output = refused_launch()
+    assert returncode == 1, output[-3000:]
     assert "'big-r64'" in output and "exceeds --max-lora-rank 32" in output, output[-3000:]
     assert "Load weight" not in output, output[-3000:]
