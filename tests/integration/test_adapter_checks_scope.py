@@ -103,6 +103,19 @@ def test_doctor_reports_the_scope_and_an_invalid_setting(sglang_plugins_loaded, 
         scope.applies_to("intel_xpu")
 
 
+def test_invalid_scope_setting_fails_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, monkeypatch):
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv(scope.ADAPTER_CHECKS_ENV, "every")
+    args = ServerArgs(
+        model_path=str(tiny_artifacts["base"]), device="cpu", enable_lora=True, lora_backend="torch_native",
+        max_lora_rank=8, lora_target_modules=["q_proj"],
+    )
+    args.resolve_once()
+    with pytest.raises(ValueError, match="SGLANG_XPU_LORA_ADAPTER_CHECKS='every' is not one of plugin, all"):
+        args.check_server_args()
+
+
 @pytest.mark.parametrize("backend, leaks", [("intel_xpu", False), ("csgmv", True)])
 def test_failed_load_leaves_nothing_behind(sglang_plugins_loaded, tiny_artifacts, monkeypatch, backend, leaks):
     """SGLang's ``_load_lora_adapter`` keeps the config of an adapter whose weights fail to load;

@@ -65,7 +65,8 @@ def check_lora_paths(server_args: Any) -> None:
         ValueError: one line per refused adapter (and for an invalid scope setting).
     """
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
-    if not cfg.enable_lora or not cfg.lora_paths or not scope.applies_to(cfg.lora_backend):
+    # applies_to first: an invalid scope setting is reported here, not at the first adapter load.
+    if not cfg.enable_lora or not scope.applies_to(cfg.lora_backend) or not cfg.lora_paths:
         return
     local = [ref for ref in cfg.lora_paths if (Path(ref.lora_path) / "adapter_config.json").is_file()]
     dims = hf_meta_dims(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
