@@ -15,8 +15,8 @@ mem_pool               ``LoRAManager.init_memory_pool`` and
                        zeroed slots for backends that declare it. Remove when SGLang offers the
                        layout.
 adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validate_new_adapter`` and
-                       ``_load_lora_adapter[_from_tensors]`` (AROUND), ``LoRAAdapter.
-                       _normalize_weights`` (BEFORE): every ``adapter_config.json`` field honoured
+                       ``_load_lora_adapter[_from_tensors]`` (AROUND),
+                       ``LoRAAdapter._normalize_weights`` (BEFORE): every ``adapter_config.json`` field honoured
                        (rsLoRA, alpha/rank patterns, regex targets, partial q/k/v) or refused at
                        load, tensors finite and shaped for the model, nothing left after a failed
                        load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
