@@ -21,8 +21,7 @@ INTEL_XPU = LoRABackendSpec(
     factory=_intel_xpu_backend_class,
     device="xpu",
     runs_on_other_devices=runs_on_device,
-    other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it (or "
-    f"{KERNELS_ENV}=triton where SGLang's Triton kernels run on it)",
+    other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
     preflight=select_ops,
     needs_max_rank_spaced_layout=True,
 )
