@@ -89,6 +89,7 @@ def validate(kernels, build=None):
     finally:
         kernel_emulator.uninstall()
 
+os.environ.pop("TRITON_INTERPRET", None)
 validate("auto")
 validate("torch")
 validate("fast")
