@@ -3,6 +3,9 @@ errors, bound calls that match the portable ops, and the emulator's contract che
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -191,3 +194,39 @@ def test_emulator_catches_contract_violations(emulate, op, change, message):
         bound(**base)  # the unmodified call is valid
         with pytest.raises(RuntimeError, match=message):
             bound(**{**base, **change})
+
+
+# --- the provider table of docs/providers.md -----------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
+
+
+def provider_table(emulate, device: str) -> str:
+    """Markdown: for each op, the provider outside / inside graphs under ``auto``, per emulated build
+    (``none``: no LoRA ops in the installed sgl_kernel), and the pool layout that follows."""
+    builds = ["none", *EXPECTED_NATIVE]
+    columns = {}
+    for build in builds:
+        with emulate(build) if build != "none" else contextlib.nullcontext():
+            selection = providers.choose(device)
+        columns[build] = {op: f"{selection.choices[op].provider} / {selection.graph_choices[op].provider}" for op in OP_NAMES}
+        columns[build]["LoRA pool layout"] = "spaced" if selection.needs_max_rank_spaced_layout else "packed"
+    lines = ["| op | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
+    for row in (*OP_NAMES, "LoRA pool layout"):
+        name = f"`{row}`" if row in OP_NAMES else row
+        lines.append(f"| {name} | " + " | ".join(columns[b][row] for b in builds) + " |")
+    return "\n".join(lines)
+
+
+def test_docs_provider_table_is_current(emulate, monkeypatch):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "auto")
+    tables = {"cpu": provider_table(emulate, "cpu")}
+    with monkeypatch.context() as patched:  # as on an XPU: Triton runs, the build's kernels too
+        patched.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
+        from sglang_xpu_lora.providers import selection
+
+        patched.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+        tables["xpu"] = provider_table(emulate, "xpu")
+    text = DOC.read_text()
+    for device, table in tables.items():
+        assert table in text, f"docs/providers.md is out of date; the {device} table is now:\n{table}"
