@@ -38,13 +38,15 @@ from sglang_xpu_lora.providers import select_ops, torch_ops, triton_ops
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
-    """Multi-LoRA backend for Intel XPU (sgl-kernel-xpu ops) with a portable PyTorch fallback.
+    """Multi-LoRA backend for Intel XPU: sgl-kernel-xpu ops, SGLang's Triton kernels where those are
+    missing or not capture-safe, portable PyTorch ops where neither runs.
 
     Requirements, declared in :data:`sglang_xpu_lora.backend.registration.INTEL_XPU`: device
-    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the kernel build registers CPU
-    implementations, as the test emulator does), and the max-rank-spaced, zero-tailed pool
-    layout (stacked A slice ``p`` at row ``p * max_lora_rank``), which the plugin's pool patch
-    provides for managers that use this backend.
+    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the selected ops run on the device: a
+    kernel build with CPU implementations, as the test emulator, or Triton), and, when a native or
+    portable op is selected, the max-rank-spaced, zero-tailed pool layout (stacked A slice ``p``
+    at row ``p * max_lora_rank``), which the plugin's pool patch provides for managers that use
+    this backend (:attr:`needs_max_rank_spaced_layout`).
 
     ``supports_dp_attention = False``: with DP attention SGLang routes TP-global sections through
     token-level global batch infos gathered across DP ranks; SGLang's XPU graph runner does not
