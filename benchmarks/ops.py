@@ -106,25 +106,29 @@ class Case:
             total += self.inputs[name].numel() * a.element_size() + self.tokens * sum(outs) * a.element_size()
         return total
 
-    # --- the portable provider, called as IntelXpuLoRABackend calls it ---------------------------
+    # --- intel_xpu's providers, called as IntelXpuLoRABackend routes a layer -----------------------
 
-    def portable(self, name: str) -> torch.Tensor:
-        a, b, outs = self.weights[name]
+    def run_module(self, ops, weights: dict, name: str, **extra) -> torch.Tensor:
+        """Module ``name`` through provider module ``ops``: a permuted (decode) batch through the
+        chunked shrink and expand, a contiguous one through ``sgemm_lora_a_fwd`` and the B op of
+        the module's slice count. ``extra`` goes to every op (the Triton provider's ``batch_info``)."""
+        a, b, outs = weights[name]
         x, n = self.inputs[name], len(outs)
-        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks)
+        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks, **extra)
         if self.permutation is not None:
-            mid = torch_ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
-            return torch_ops.chunked_sgmv_lora_expand_fwd(
+            mid = ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
+            return ops.chunked_sgmv_lora_expand_fwd(
                 mid, b, self.offsets[name], max(outs), n, MAX_LORAS, scalings=self.scalings, permutation=self.permutation, **meta
             )
-        mid = torch_ops.sgemm_lora_a_fwd(x, a, n, **meta)
+        mid = ops.sgemm_lora_a_fwd(x, a, n, **meta)
         if n == 3:
-            return torch_ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
+            return ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
         if n == 2:
-            return torch_ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
-        return torch_ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
+            return ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
+        return ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
 
-    # --- the Triton provider, called as IntelXpuLoRABackend calls it -----------------------------
+    def portable(self, name: str) -> torch.Tensor:
+        return self.run_module(torch_ops, self.weights, name)
 
     def intel_xpu_triton_fn(self, layout: str) -> Callable[[str], torch.Tensor]:
         """The layer through :mod:`sglang_xpu_lora.providers.triton_ops` on ``layout`` (``"spaced"``:
@@ -134,27 +138,9 @@ class Case:
         from sglang_xpu_lora.providers import triton_ops
 
         spaced = layout == "spaced"
-        ranks = triton_ops.pad_lora_ranks(self.ranks, self.rank) if spaced else self.ranks
-        info = dense_batch_info(self, ranks)
+        info = dense_batch_info(self, triton_ops.pad_lora_ranks(self.ranks, self.rank) if spaced else self.ranks)
         weights = self.weights if spaced else self.packed_weights
-        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks, batch_info=info)
-
-        def run(name):
-            a, b, outs = weights[name]
-            x, n = self.inputs[name], len(outs)
-            if self.permutation is not None:
-                mid = triton_ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
-                return triton_ops.chunked_sgmv_lora_expand_fwd(
-                    mid, b, self.offsets[name], max(outs), n, MAX_LORAS, scalings=self.scalings, permutation=self.permutation, **meta
-                )
-            mid = triton_ops.sgemm_lora_a_fwd(x, a, n, **meta)
-            if n == 3:
-                return triton_ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
-            if n == 2:
-                return triton_ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
-            return triton_ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
-
-        return run
+        return lambda name: self.run_module(triton_ops, weights, name, batch_info=info)
 
     # --- SGLang torch_native (eager control path) ---------------------------------------------------
 
