@@ -9,9 +9,9 @@ How: ``init_memory_pool`` marks the pool of a manager whose backend needs the sp
     (:func:`needs_spaced_layout`: the backend instance's ``needs_max_rank_spaced_layout``, else its
     spec's; per manager: speculative decoding may build a second manager with another backend) and
     tells a backend with ``use_pool_layout`` the layout and ``max_lora_rank``. For a marked pool,
-    loading an adapter into a slot first zeroes the whole slot (SGLang's ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it,
-    then moves stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are
-    untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
+    loading an adapter into a slot first zeroes the whole slot (SGLang's
+    ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it, then moves
+    stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
     (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
     the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
     the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
