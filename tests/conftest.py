@@ -14,6 +14,9 @@ from sglang_cpu_devsupport import CPU_ENGINE_ENV
 os.environ.update(CPU_ENGINE_ENV)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton.backends  # noqa: E402,F401 - decorates Triton's own jit helpers for the interpreter now,
+# not in a test that unsets TRITON_INTERPRET (interpreted kernels cannot call compiled helpers)
+
 import pytest  # noqa: E402
 
 
