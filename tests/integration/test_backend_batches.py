@@ -10,6 +10,7 @@ interpreter on CPU tensors (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -137,6 +138,7 @@ def test_triton_ranks_are_padded_once_per_batch_on_the_spaced_pool_only(make_bac
         backend.prepare_lora_batch(forward_batch("DECODE", 3), [2, 1, 0], RANKS, SCALINGS, graph)
         infos = [backend.kernel_batch_info(info) for info in (backend.batch_info, backend._sgemm_info())]
         if backend.op_selection.uses_triton and backend.needs_max_rank_spaced_layout:
+            infos.append(backend.kernel_batch_info(dataclasses.replace(backend.batch_info)))  # a view made later
             assert all(info.lora_ranks is backend._padded_ranks for info in infos)
             assert backend._padded_ranks.tolist() == [0, RANK, RANK]
         else:
