@@ -1,10 +1,16 @@
 """Op-level benchmark: one decoder layer's LoRA work (qkv, o, gate_up, down), per module and whole,
-for the portable provider against peers measured in the same run.
+for ``intel_xpu``'s providers against peers measured in the same run.
 
-Peers: SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment
-and slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA GPU also SGLang's
-Triton dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops
-(the ``csgmv`` backend). On a GPU the portable path is also captured in a CUDA graph.
+``intel_xpu`` tiers: the portable provider (``portable``), and the Triton provider as ``auto``
+picks it on a device without native kernels, called as ``IntelXpuLoRABackend`` routes a layer, on
+both pool layouts it can have: ``intel_xpu_packed`` (every op Triton: SGLang's packed pool, real
+ranks) and ``intel_xpu_spaced`` (the max-rank-spaced pool that native ops force, ranks padded to
+``max_lora_rank``; the padding itself is once per batch, not per layer, and not timed). Peers:
+SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment and
+slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA GPU also SGLang's Triton
+dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops (the
+``csgmv`` backend), on SGLang's packed pool. On a GPU every path is also captured in a CUDA graph.
+Points with ``real_rank < rank`` have adapters below ``max_lora_rank``.
 
 Decode batches give each request (one token) a random adapter and route them as SGLang's Triton
 backend does for decode (tokens sorted by slot, chunked SGMV with a permutation); prefill batches are
@@ -12,9 +18,14 @@ backend does for decode (tokens sorted by slot, chunked SGMV with a permutation)
 
     python -m benchmarks.ops                  # CPU, default grid (minutes)
     python -m benchmarks.ops --quick          # a few seconds: the smoke test
-    python -m benchmarks.ops --device cuda    # GPU, with Triton peers and CUDA graphs
+    python -m benchmarks.ops --device cuda    # GPU, with Triton tiers, peers and CUDA graphs
 
-Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ratios are peer time / portable time.
+On CPU the Triton tiers run only under ``TRITON_INTERPRET=1`` (Triton's interpreter), and ``--quick``
+then uses a tiny layer shape: a smoke test, not a measurement.
+
+Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ``speedup_vs_torch_native`` is torch_native
+time / portable time, ``graph_ratio_vs_*`` a path's graph time / the peer's graph time, and
+``intel_xpu_*_vs_best_peer`` the tier's time / the faster of ``triton`` and ``csgmv`` (graph and eager).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 from pathlib import Path
 from typing import Callable, Optional
@@ -33,20 +45,30 @@ from sglang_xpu_lora.providers import torch_ops
 
 MAX_LORAS = 8
 PREFILL_REQUEST_TOKENS = 512
+#: A layer small enough for Triton's interpreter on CPU (the --quick smoke run only).
+TINY = ModelShape("tiny", hidden=32, q=32, kv=16, intermediate=48)
 
 
 class Case:
     """Weights and routing metadata for one (model, rank, adapters, tokens, mode) point."""
 
-    def __init__(self, model: ModelShape, rank: int, num_adapters: int, tokens: int, mode: str, dtype, device, seed=0):
+    def __init__(self, model: ModelShape, rank: int, num_adapters: int, tokens: int, mode: str, dtype, device, seed=0,
+                 real_rank: Optional[int] = None):
         rng = random.Random(seed)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         self.model, self.rank, self.tokens, self.mode, self.device = model, rank, tokens, mode, device
-        self.weights = {}
+        self.real_rank = real = real_rank or rank
+        self.weights, self.packed_weights = {}, {}  # max-rank-spaced pool (zero tails), SGLang's packed pool
         for name, (in_dim, outs) in model.modules().items():
-            a = torch.randn(MAX_LORAS, len(outs) * rank, in_dim, generator=gen) * 0.02
-            b = torch.randn(MAX_LORAS, sum(outs), rank, generator=gen) * 0.02
+            a = torch.zeros(MAX_LORAS, len(outs) * rank, in_dim)
+            packed_a = torch.zeros_like(a)
+            for p in range(len(outs)):
+                a[:, p * rank : p * rank + real] = torch.randn(MAX_LORAS, real, in_dim, generator=gen) * 0.02
+                packed_a[:, p * real : (p + 1) * real] = a[:, p * rank : p * rank + real]
+            b = torch.zeros(MAX_LORAS, sum(outs), rank)
+            b[:, :, :real] = torch.randn(MAX_LORAS, sum(outs), real, generator=gen) * 0.02
             self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
+            self.packed_weights[name] = (packed_a.to(device, dtype), self.weights[name][1], outs)
         self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
         if mode == "decode":
             request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
@@ -56,7 +78,7 @@ class Case:
             request_slots = [rng.randrange(num_adapters) for _ in range(n)]
             request_lens = [tokens // n] * n
         self.request_slots, self.request_lens = request_slots, request_lens
-        self.ranks = torch.full((MAX_LORAS,), rank, dtype=torch.int32, device=device)
+        self.ranks = torch.full((MAX_LORAS,), real, dtype=torch.int32, device=device)
         self.scalings = torch.full((MAX_LORAS,), 2.0, dtype=torch.float32, device=device)
         slot_per_token = torch.tensor([s for s, n in zip(request_slots, request_lens) for _ in range(n)], device=device)
         if mode == "decode":  # SGLang's _build_sgemm_routing: sort by slot, one segment per slot
@@ -80,27 +102,45 @@ class Case:
         used = len(set(self.request_slots))
         total = 0
         for name, (a, b, outs) in self.weights.items():
-            total += used * (a[0].numel() + b[0].numel()) * a.element_size()
+            total += used * (a[0].numel() + b[0].numel()) * a.element_size() * self.real_rank // self.rank
             total += self.inputs[name].numel() * a.element_size() + self.tokens * sum(outs) * a.element_size()
         return total
 
-    # --- the portable provider, called as IntelXpuLoRABackend calls it ---------------------------
+    # --- intel_xpu's providers, called as IntelXpuLoRABackend routes a layer -----------------------
 
-    def portable(self, name: str) -> torch.Tensor:
-        a, b, outs = self.weights[name]
+    def run_module(self, ops, weights: dict, name: str, **extra) -> torch.Tensor:
+        """Module ``name`` through provider module ``ops``: a permuted (decode) batch through the
+        chunked shrink and expand, a contiguous one through ``sgemm_lora_a_fwd`` and the B op of
+        the module's slice count. ``extra`` goes to every op (the Triton provider's ``batch_info``)."""
+        a, b, outs = weights[name]
         x, n = self.inputs[name], len(outs)
-        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks)
+        meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks, **extra)
         if self.permutation is not None:
-            mid = torch_ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
-            return torch_ops.chunked_sgmv_lora_expand_fwd(
+            mid = ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
+            return ops.chunked_sgmv_lora_expand_fwd(
                 mid, b, self.offsets[name], max(outs), n, MAX_LORAS, scalings=self.scalings, permutation=self.permutation, **meta
             )
-        mid = torch_ops.sgemm_lora_a_fwd(x, a, n, **meta)
+        mid = ops.sgemm_lora_a_fwd(x, a, n, **meta)
         if n == 3:
-            return torch_ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
+            return ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
         if n == 2:
-            return torch_ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
-        return torch_ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
+            return ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
+        return ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
+
+    def portable(self, name: str) -> torch.Tensor:
+        return self.run_module(torch_ops, self.weights, name)
+
+    def intel_xpu_triton_fn(self, layout: str) -> Callable[[str], torch.Tensor]:
+        """The layer through :mod:`sglang_xpu_lora.providers.triton_ops` on ``layout`` (``"spaced"``:
+        padded ranks, ``"packed"``: real ranks), with the batch info SGLang's Triton backend builds
+        (decode: one segment per slot, tokens sorted by slot; prefill: one segment per request)."""
+        from benchmarks.triton_peers import dense_batch_info
+        from sglang_xpu_lora.providers import triton_ops
+
+        spaced = layout == "spaced"
+        info = dense_batch_info(self, triton_ops.pad_lora_ranks(self.ranks, self.rank) if spaced else self.ranks)
+        weights = self.weights if spaced else self.packed_weights
+        return lambda name: self.run_module(triton_ops, weights, name, batch_info=info)
 
     # --- SGLang torch_native (eager control path) ---------------------------------------------------
 
@@ -181,15 +221,28 @@ def check_graph_replay(device, dtype) -> dict:
     return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
 
+def triton_tiers_run(device: torch.device) -> bool:
+    """The Triton tiers run on a CUDA GPU, and on CPU in Triton's interpreter (smoke runs)."""
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def grid(args) -> list[tuple]:
+    """Points ``(model, max_lora_rank, adapters, tokens, mode, real rank)``."""
     if args.quick:
-        return [("llama-3.1-8b", 16, 8, 64, "decode"), ("llama-3.1-8b", 16, 1, 64, "decode"), ("llama-3.1-8b", 16, 4, 512, "prefill")]
+        if args.device == "cpu" and triton_tiers_run(torch.device("cpu")):  # the interpreter: a tiny layer
+            return [("tiny", 16, 8, 8, "decode", 16), ("tiny", 16, 4, 8, "decode", 8), ("tiny", 16, 1, 16, "prefill", 8)]
+        return [("llama-3.1-8b", 16, 8, 64, "decode", 16), ("llama-3.1-8b", 16, 1, 64, "decode", 16),
+                ("llama-3.1-8b", 16, 4, 512, "prefill", 16)]
     decode = [1, 16, 64, 256, 1024, 2048] if args.device == "cuda" else [1, 16, 64, 256]
     prefill = [512, 2048, 8192, 16384] if args.device == "cuda" else [512, 2048]
     points = []
     for model, rank, adapters in itertools.product(MODELS, (16, 64), (1, 4, 8)):
-        points += [(model, rank, adapters, t, "decode") for t in decode]
-        points += [(model, rank, adapters, t, "prefill") for t in prefill]
+        points += [(model, rank, adapters, t, "decode", rank) for t in decode]
+        points += [(model, rank, adapters, t, "prefill", rank) for t in prefill]
+    if args.device == "cuda":  # adapters below max_lora_rank: the spaced layout's padding has a price
+        for real in (8, 16):
+            points += [("llama-3.1-8b", 64, 8, t, "decode", real) for t in decode]
+            points += [("llama-3.1-8b", 64, 8, t, "prefill", real) for t in prefill]
     return points
 
 
@@ -211,15 +264,19 @@ def run(args) -> list[dict]:
         args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
         print("graph replay check:", args.graph_replay_check, flush=True)
     rows = []
-    for model, rank, adapters, tokens, mode in grid(args):
-        case = Case(MODELS[model], rank, adapters, tokens, mode, dtype, device)
-        row = dict(model=model, rank=rank, adapters=adapters, tokens=tokens, mode=mode, dtype=str(dtype).replace("torch.", ""))
+    for model, rank, adapters, tokens, mode, real_rank in grid(args):
+        shape = TINY if model == "tiny" else MODELS[model]
+        case = Case(shape, rank, adapters, tokens, mode, dtype, device, real_rank=real_rank)
+        row = dict(model=model, rank=rank, real_rank=real_rank, adapters=adapters, tokens=tokens, mode=mode,
+                   dtype=str(dtype).replace("torch.", ""))
         portable = time_call(layer(case.portable, case), device, min_seconds=args.seconds)
         row["portable_ms"] = portable * 1e3
         if not args.no_torch_native and (device.type == "cpu" or tokens <= 256):
             native = time_call(layer(case.torch_native_fn(), case), device, min_seconds=args.seconds)
             row["torch_native_ms"] = native * 1e3
             row["speedup_vs_torch_native"] = native / portable
+        if triton_tiers_run(device):
+            row.update(triton_tiers(case, device, args.seconds))
         if device.type == "cuda":
             row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
             row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
@@ -229,11 +286,46 @@ def run(args) -> list[dict]:
                 row[f"{peer}_ms"] = time_call(layer(fn, case), device, min_seconds=args.seconds) * 1e3
                 row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
                 row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
+            for layout in ("spaced", "packed"):
+                tier = f"intel_xpu_{layout}"
+                row[f"{tier}_graph_vs_best_peer"] = row[f"{tier}_graph_ms"] / min(row["triton_graph_ms"], row["csgmv_graph_ms"])
+                row[f"{tier}_vs_triton"] = row[f"{tier}_ms"] / row["triton_ms"]
         rows.append(row)
         print(row, flush=True)
         with open(Path(args.out) / f"ops-{args.device}.partial.jsonl", "a") as partial:  # survives a timeout
             partial.write(json.dumps(row) + "\n")
     return rows
+
+
+def triton_tiers(case: Case, device: torch.device, seconds: float) -> dict:
+    """Times of the two ``intel_xpu`` Triton tiers (eager, and on CUDA graph-captured), and the
+    largest difference of their outputs from the float64 portable reference on the spaced pool
+    (``intel_xpu_*_max_error``, relative to the output's magnitude: a correctness check in the
+    measured dtype, bfloat16 on a GPU)."""
+    result = {}
+    reference = {name: reference_output(case, name) for name in case.weights}
+    for layout in ("spaced", "packed"):
+        fn = case.intel_xpu_triton_fn(layout)
+        result[f"intel_xpu_{layout}_ms"] = time_call(layer(fn, case), device, min_seconds=seconds) * 1e3
+        if device.type == "cuda":
+            result[f"intel_xpu_{layout}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=seconds) * 1e3
+        result[f"intel_xpu_{layout}_max_error"] = max(
+            float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
+        )
+    return result
+
+
+def reference_output(case: Case, name: str) -> torch.Tensor:
+    """float64 LoRA output of module ``name`` (the portable op in float64 on the spaced pool)."""
+    a, b, outs = case.weights[name]
+    x, n = case.inputs[name].double(), len(outs)
+    meta = dict(seg_indptr=case.seg_indptr, weight_indices=case.weight_indices, lora_ranks=case.ranks)
+    torch_ops.begin_batch()
+    mid = torch_ops.chunked_sgmv_lora_shrink_fwd(x, a.double(), n, len(case.seg_indptr) - 1, permutation=case.permutation, **meta)
+    return torch_ops.chunked_sgmv_lora_expand_fwd(
+        mid, b.double(), case.offsets[name], max(outs), n, len(case.seg_indptr) - 1, scalings=case.scalings.double(),
+        permutation=case.permutation, **meta,
+    )
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -248,9 +340,11 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, style in (("portable_ms", "-o"), ("torch_native_ms", "--s"), ("triton_ms", ":^"), ("portable_graph_ms", "-x"), ("triton_graph_ms", ":v")):
+    for key, style in (("portable_ms", "-o"), ("torch_native_ms", "--s"), ("triton_ms", ":^"), ("portable_graph_ms", "-x"),
+                       ("triton_graph_ms", ":v"), ("csgmv_graph_ms", ":d"), ("intel_xpu_packed_graph_ms", "-P"),
+                       ("intel_xpu_spaced_graph_ms", "-*")):
         points = [(r["tokens"], r[key]) for r in rows if r["mode"] == "decode" and r["adapters"] == 8 and r["rank"] == 16
-                  and r["model"] == "llama-3.1-8b" and key in r]
+                  and r.get("real_rank", 16) == 16 and r["model"] == "llama-3.1-8b" and key in r]
         if points:
             ax.plot(*zip(*points), style, label=key.replace("_ms", ""))
     ax.set(xscale="log", yscale="log", xlabel="decode tokens", ylabel="ms per layer (qkv+o+gate_up+down)",
@@ -276,9 +370,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     rows = run(args)
     name = f"ops-{args.device}" + ("-quick" if args.quick else "")
-    columns = ["model", "mode", "rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
+    columns = ["model", "mode", "rank", "real_rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
+    if any("intel_xpu_packed_ms" in row for row in rows):
+        columns += ["intel_xpu_packed_ms", "intel_xpu_spaced_ms", "intel_xpu_spaced_max_error"]
     if args.device == "cuda":
-        columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv", "roofline_fraction"]
+        columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv",
+                    "intel_xpu_packed_graph_vs_best_peer", "intel_xpu_spaced_graph_vs_best_peer", "intel_xpu_packed_vs_triton",
+                    "intel_xpu_spaced_vs_triton", "roofline_fraction"]
     write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None)})
     plot(rows, Path(args.out) / f"{name}.png")
 

@@ -53,7 +53,7 @@ def ops_cpu(data):
 
 def ops_cuda(data):
     def decode_rows(model):
-        return [r for r in data["rows"] if r["mode"] == "decode" and r["model"] == model]
+        return [r for r in data["rows"] if r["mode"] == "decode" and r["model"] == model and r.get("real_rank", r["rank"]) == r["rank"]]
 
     cols = [("rank", "rank"), ("adapters", "adapters"), ("tokens", "tokens"), ("portable eager ms", "portable_ms"),
             ("portable graph ms", "portable_graph_ms"), ("triton graph ms", "triton_graph_ms"),
@@ -73,9 +73,24 @@ def ops_cuda(data):
         )
     for model in ("llama-3.1-8b", "llama-3.3-70b-tp8"):
         out += [f"Decode, {model} layer, bf16, CUDA graphs:", _table(decode_rows(model), cols)]
-    prefill = [r for r in data["rows"] if r["mode"] == "prefill" and r["model"] == "llama-3.1-8b"]
+    prefill = [r for r in data["rows"] if r["mode"] == "prefill" and r["model"] == "llama-3.1-8b" and r.get("real_rank", r["rank"]) == r["rank"]]
     out += ["Prefill, llama-3.1-8b layer, bf16, CUDA graphs:", _table(prefill, cols[:9])]
+    tiers = [r for r in data["rows"] if "intel_xpu_packed_graph_ms" in r]
+    if tiers:
+        out += ["`intel_xpu` through SGLang's Triton kernels (what `auto` picks without native kernels), on SGLang's "
+                "packed pool and on the max-rank-spaced pool (padded ranks); best peer = the faster of `triton` and "
+                "`csgmv` in the same run; max error relative to a float64 reference, bf16:",
+                _table(tiers, INTEL_XPU_COLUMNS)]
     return "\n\n".join(out)
+
+
+INTEL_XPU_COLUMNS = [
+    ("model", "model"), ("mode", "mode"), ("rank", "rank"), ("real rank", "real_rank"), ("adapters", "adapters"),
+    ("tokens", "tokens"), ("packed graph ms", "intel_xpu_packed_graph_ms"),
+    ("packed / best peer", "intel_xpu_packed_graph_vs_best_peer"), ("spaced graph ms", "intel_xpu_spaced_graph_ms"),
+    ("spaced / best peer", "intel_xpu_spaced_graph_vs_best_peer"), ("packed eager / triton", "intel_xpu_packed_vs_triton"),
+    ("spaced eager / triton", "intel_xpu_spaced_vs_triton"), ("max error", "intel_xpu_spaced_max_error"),
+]
 
 
 def host(data):

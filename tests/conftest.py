@@ -1,4 +1,9 @@
-"""Shared fixtures. SGLang's CPU platform is selected before anything imports SGLang."""
+"""Shared fixtures. SGLang's CPU platform is selected before anything imports SGLang.
+
+``TRITON_INTERPRET=1`` too: Triton decides when a kernel is defined (SGLang's LoRA kernels, at
+import) whether it runs in its interpreter, the only way to run them on CPU tensors, as the Triton
+provider's tests do. ``auto`` never selects Triton on CPU, so nothing else runs differently.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ import os
 from sglang_cpu_devsupport import CPU_ENGINE_ENV
 
 os.environ.update(CPU_ENGINE_ENV)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton.backends  # noqa: E402,F401 - decorates Triton's own jit helpers for the interpreter now,
+# not in a test that unsets TRITON_INTERPRET (interpreted kernels cannot call compiled helpers)
 
 import pytest  # noqa: E402
 

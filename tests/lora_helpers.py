@@ -21,6 +21,15 @@ def spaced_weights(ranks: Sequence[int], num_slices: int, out_dims: Sequence[int
     return a, b
 
 
+def packed_lora_a(a_spaced: torch.Tensor, ranks: Sequence[int], num_slices: int, max_rank: int) -> torch.Tensor:
+    """``a_spaced`` in SGLang's packed pool layout: slice ``p`` of a rank-``r`` slot at row ``p * r``."""
+    a = torch.zeros_like(a_spaced)
+    for slot, rank in enumerate(ranks):
+        for p in range(num_slices):
+            a[slot, p * rank : (p + 1) * rank] = a_spaced[slot, p * max_rank : p * max_rank + rank]
+    return a
+
+
 def lora_reference(x, a, b, out_dims, slot_of_row, scalings, max_rank, base: Optional[torch.Tensor] = None):
     """float64 per-row loop: ``base + scaling * B_p (A_p x)`` for each slice ``p``."""
     bounds = [0, *itertools.accumulate(out_dims)]

@@ -1,8 +1,8 @@
 """``sglang-xpu-lora doctor``: can this machine serve ``--lora-backend intel_xpu``, and how?
 
 Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
-provider each of the seven LoRA ops uses outside and inside graphs and why, and whether every SGLang
-patch point was found. Exit status 0 when the configuration can serve, 1 otherwise. ``--json``
+provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why,
+the LoRA pool layout that follows, and whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1 otherwise. ``--json``
 prints the same report as one JSON object.
 """
 
@@ -39,7 +39,7 @@ def collect() -> dict[str, Any]:
 
     xpu = getattr(torch, "xpu", None)
     xpu_visible = bool(xpu is not None and xpu.is_available())
-    device = "xpu" if xpu_visible else "cpu"
+    device = "xpu" if xpu_visible else "cuda" if torch.cuda.is_available() else "cpu"
     version = compat.sglang_version()
     host_problems = compat.check_host()
     report: dict[str, Any] = {
@@ -55,23 +55,14 @@ def collect() -> dict[str, Any]:
     try:
         report["kernels"] = providers.kernels_choice()
         with _quiet(providers.logger):  # the report says it all, once
-            selection = providers.select_ops()
+            selection = providers.select_ops(device)
     except (ValueError, RuntimeError) as exc:
         report.setdefault("kernels", f"{os.environ.get(providers.KERNELS_ENV)!r} (invalid)")
         report["ops"] = []
         report["problems"].append(str(exc))
     else:
-        report["ops"] = [
-            {
-                "op": op,
-                "provider": choice.provider,
-                "kernel": getattr(choice.kernel, "kernel_name", None),
-                "capture_safe": choice.capture_safe,
-                "graph_provider": selection.graph_choices[op].provider,
-                "reason": choice.reason,
-            }
-            for op, choice in selection.choices.items()
-        ]
+        report["ops"] = op_rows(selection)
+        report["pool_layout"] = "max-rank spaced" if selection.needs_max_rank_spaced_layout else "packed"
         try:
             device_error = INTEL_XPU.device_error(device)
         except ValueError as exc:
@@ -98,6 +89,37 @@ def add_adapter_checks(report: dict[str, Any]) -> None:
         report["problems"].append(str(exc))
 
 
+def op_rows(selection) -> list[dict[str, Any]]:
+    """One row per op of an :class:`~sglang_xpu_lora.providers.OpSelection`: the provider, kernel
+    and reason outside graphs (``provider``, ``kernel``, ``capture_safe``, ``reason``) and inside
+    them (``graph_provider``, ``graph_reason``)."""
+    return [
+        {
+            "op": op,
+            "provider": choice.provider,
+            "kernel": getattr(choice.kernel, "kernel_name", None),
+            "capture_safe": choice.capture_safe,
+            "graph_provider": selection.graph_choices[op].provider,
+            "reason": choice.reason,
+            "graph_reason": selection.graph_choices[op].reason,
+        }
+        for op, choice in selection.choices.items()
+    ]
+
+
+def render_ops(ops: list[dict[str, Any]]) -> list[str]:
+    """Text lines for :func:`op_rows`: providers eager / in graphs, then why (the graph reason only
+    where it differs)."""
+    width = max((len(op["op"]) for op in ops), default=0)
+    lines = []
+    for op in ops:
+        safe = "capture-safe" if op["capture_safe"] else "not capture-safe"
+        lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
+        if op["graph_reason"] != op["reason"]:
+            lines.append(f"  {'':<{width}}  {'':>6}   {'':<6}  {'in graphs:':<16}  {op['graph_reason']}")
+    return lines
+
+
 @contextlib.contextmanager
 def _quiet(logger: logging.Logger):
     previous = logger.level
@@ -119,11 +141,10 @@ def render(report: dict[str, Any]) -> str:
         f"  SGLANG_XPU_LORA_KERNELS={report['kernels']}",
         "",
         "LoRA ops (eager provider / inside graphs, capture-safe, why):",
+        *render_ops(report["ops"]),
     ]
-    width = max((len(op["op"]) for op in report["ops"]), default=0)
-    for op in report["ops"]:
-        safe = "capture-safe" if op["capture_safe"] else "not capture-safe"
-        lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
+    if "pool_layout" in report:
+        lines.append(f"  LoRA pool layout: {report['pool_layout']}")
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
     lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]

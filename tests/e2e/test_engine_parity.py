@@ -40,6 +40,8 @@ CONFIGS = {
         {"sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd"},
     ),
     "native-full": ({"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"}, GEMM_OPS | CHUNKED_OPS),
+    # SGLang's Triton kernels in Triton's interpreter, on SGLang's packed pool with the real ranks.
+    "triton": ({"SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1"}, None),
 }
 
 

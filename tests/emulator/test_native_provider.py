@@ -3,6 +3,9 @@ errors, bound calls that match the portable ops, and the emulator's contract che
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -19,24 +22,79 @@ EXPECTED_NATIVE = {
 }
 
 
+#: Ops each build declares capture-safe (the emulator's declaration; no released build has one).
+DECLARED_CAPTURE_SAFE = {"full": {"embedding_lora_a_fwd"}}
+
+
+@pytest.fixture
+def as_on_xpu(monkeypatch):
+    """An XPU where Triton runs and the emulated build's kernels are registered for it."""
+    from sglang_xpu_lora.providers import selection
+
+    monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+    monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
+
+
+def groups(**ops_by_provider) -> dict:
+    return {provider: ops for provider, ops in ops_by_provider.items() if ops}
+
+
+def by_provider(chosen: dict) -> dict:
+    grouped = {}
+    for op, choice in chosen.items():
+        grouped.setdefault(choice.provider, set()).add(op)
+    return grouped
+
+
 @pytest.mark.parametrize("build", list(EXPECTED_NATIVE))
-def test_auto_uses_native_exactly_for_the_ops_the_build_has(emulate, build):
+def test_auto_on_cpu_uses_native_for_the_ops_the_build_has_and_torch_for_the_others(emulate, build):
     with emulate(build):
-        selection = providers.select_ops()
-        assert {op for op, c in selection.choices.items() if c.provider == "native"} == EXPECTED_NATIVE[build]
+        selection = providers.select_ops("cpu")
+        assert by_provider(selection.choices) == groups(native=EXPECTED_NATIVE[build], torch=ALL - EXPECTED_NATIVE[build])
         for op, choice in selection.choices.items():
             if choice.provider == "torch":
-                assert getattr(selection.eager, op) is getattr(torch_ops, op)
+                assert getattr(selection.eager, op).__wrapped__ is getattr(torch_ops, op)
                 assert native.MINIMUM_BUILD[op] in choice.reason
-        # Every build seen validates with .item(): only the max_len embedding may run inside graphs.
-        graph_native = {op for op, c in selection.graph_choices.items() if c.provider == "native"}
-        assert graph_native == ({"embedding_lora_a_fwd"} if build == "full" else set())
+        # Native ops run inside graphs only where the build declares them capture-safe.
+        graph_native = by_provider(selection.graph_choices).get("native", set())
+        assert graph_native == DECLARED_CAPTURE_SAFE.get(build, set())
+        assert selection.needs_max_rank_spaced_layout
         assert providers.runs_on_device("cpu")
+
+
+@pytest.mark.parametrize("build", list(EXPECTED_NATIVE))
+def test_auto_on_an_xpu_uses_native_then_triton_and_capture_safe_native_then_triton_in_graphs(emulate, as_on_xpu, build):
+    with emulate(build):
+        selection = providers.select_ops("xpu")
+    has = EXPECTED_NATIVE[build]
+    assert by_provider(selection.choices) == groups(native=has, triton=ALL - has)
+    safe = DECLARED_CAPTURE_SAFE.get(build, set())
+    assert by_provider(selection.graph_choices) == groups(native=safe, triton=ALL - safe)
+    assert all("not declared capture-safe" in selection.graph_choices[op].reason for op in has - safe)
+    assert selection.needs_max_rank_spaced_layout and selection.uses_triton
+
+
+def test_native_capture_safety_is_unknown_unless_the_build_declares_it(emulate, as_on_xpu, monkeypatch):
+    import sgl_kernel
+
+    with emulate("full"):
+        assert providers.choose("xpu").choices["embedding_lora_a_fwd"].capture_safe
+        monkeypatch.delattr(sgl_kernel, native.CAPTURE_SAFE_ATTR)  # same schema (with max_len), no declaration
+        selection = providers.choose("xpu")
+    assert not any(c.capture_safe for c in selection.choices.values())
+    assert by_provider(selection.graph_choices) == {"triton": ALL}
+
+
+def test_triton_mode_ignores_the_native_build(emulate, as_on_xpu):
+    with emulate("full", kernels="triton"):
+        selection = providers.choose("xpu")
+    assert by_provider(selection.choices) == by_provider(selection.graph_choices) == {"triton": ALL}
+    assert not selection.needs_max_rank_spaced_layout
 
 
 def test_older_shrink_name_and_embedding_without_max_len_are_detected(emulate):
     with emulate("pr506-draft"):
-        choices = providers.select_ops().choices
+        choices = providers.select_ops("cpu").choices
     assert choices["chunked_sgmv_lora_shrink_fwd"].kernel.kernel_name == "chunked_sgmv_lora_shrink_forward"
     assert "max_len" not in choices["embedding_lora_a_fwd"].kernel.arguments
     assert not choices["embedding_lora_a_fwd"].capture_safe
@@ -136,3 +194,39 @@ def test_emulator_catches_contract_violations(emulate, op, change, message):
         bound(**base)  # the unmodified call is valid
         with pytest.raises(RuntimeError, match=message):
             bound(**{**base, **change})
+
+
+# --- the provider table of docs/providers.md -----------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
+
+
+def provider_table(emulate, device: str) -> str:
+    """Markdown: for each op, the provider outside / inside graphs under ``auto``, per emulated build
+    (``none``: no LoRA ops in the installed sgl_kernel), and the pool layout that follows."""
+    builds = ["none", *EXPECTED_NATIVE]
+    columns = {}
+    for build in builds:
+        with emulate(build) if build != "none" else contextlib.nullcontext():
+            selection = providers.choose(device)
+        columns[build] = {op: f"{selection.choices[op].provider} / {selection.graph_choices[op].provider}" for op in OP_NAMES}
+        columns[build]["LoRA pool layout"] = "spaced" if selection.needs_max_rank_spaced_layout else "packed"
+    lines = ["| op | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
+    for row in (*OP_NAMES, "LoRA pool layout"):
+        name = f"`{row}`" if row in OP_NAMES else row
+        lines.append(f"| {name} | " + " | ".join(columns[b][row] for b in builds) + " |")
+    return "\n".join(lines)
+
+
+def test_docs_provider_table_is_current(emulate, monkeypatch):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "auto")
+    tables = {"cpu": provider_table(emulate, "cpu")}
+    with monkeypatch.context() as patched:  # as on an XPU: Triton runs, the build's kernels too
+        patched.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
+        from sglang_xpu_lora.providers import selection
+
+        patched.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+        tables["xpu"] = provider_table(emulate, "xpu")
+    text = DOC.read_text()
+    for device, table in tables.items():
+        assert table in text, f"docs/providers.md is out of date; the {device} table is now:\n{table}"

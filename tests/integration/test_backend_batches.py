@@ -1,33 +1,49 @@
 """Batch shapes the engine on CPU does not produce by itself, through the real
-``IntelXpuLoRABackend`` and SGLang's batch preparation, for both providers: speculative
+``IntelXpuLoRABackend`` and SGLang's batch preparation, for each provider selection: speculative
 TARGET_VERIFY (eager and decode-graph sizing) and prefill-graph batch info sized by
-``max_num_requests``. Compared with a float64 per-row loop (tolerance 1e-5, float32)."""
+``max_num_requests``. Compared with a float64 per-row loop (tolerance 1e-5, float32).
+
+Selections: portable ops; the emulated ``full`` native build; that build as on an XPU where
+Triton runs (native outside graphs, SGLang's Triton kernels inside them, on the spaced pool with
+padded ranks); Triton everywhere (SGLang's packed pool, real ranks). Triton runs in its
+interpreter on CPU tensors (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 import torch
 
-from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
+from lora_helpers import forward_batch, lora_reference, packed_lora_a, spaced_weights as pool_weights
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
 OUT_DIMS = (8, 4, 4)
 
 
-@pytest.fixture(params=["portable", "native"])
+@pytest.fixture(params=["portable", "native", "native+triton-graphs", "triton"])
 def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+    from sglang_xpu_lora.providers import native, selection
 
     def make():
-        return IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+        backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+        backend.use_pool_layout(backend.needs_max_rank_spaced_layout, RANK)  # as the pool patch does
+        return backend
 
     if request.param == "portable":
         monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
         yield make
+    elif request.param == "triton":
+        monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
+        yield make
     else:
+        if request.param == "native+triton-graphs":  # as on an XPU: Triton runs, the build's kernels too
+            monkeypatch.setattr(selection, "device_type", lambda device: "xpu")
+            monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+            monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
         with emulate("full", kernels="native"):
             yield make
 
@@ -40,6 +56,8 @@ def weights(seed=0):
 
 def run_qkv(backend, x):
     a, b = weights()
+    if not backend.needs_max_rank_spaced_layout:  # the pool kept SGLang's packed layout
+        a = packed_lora_a(a, RANKS, 3, RANK)
     offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
     return backend.run_qkv_lora(x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8, base_output=None)
 
@@ -108,3 +126,25 @@ def test_decode_graph_replay_on_padded_rows_ignores_stale_routing(make_backend):
     out = run_qkv(backend, x)
     torch.testing.assert_close(out[:2].double(), reference(x[:2], [2, 1]), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(out[2:]) == 0
+
+
+def test_triton_ranks_are_padded_once_per_batch_on_the_spaced_pool_only(make_backend, request):
+    """The Triton kernels get ranks padded to max_lora_rank (0 stays 0) on the spaced pool, computed
+    in prepare_lora_batch into one persistent buffer (a captured graph reads its address), and the
+    real ranks on the packed pool."""
+    backend = make_backend()
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
+    for graph in (True, False, True):
+        backend.prepare_lora_batch(forward_batch("DECODE", 3), [2, 1, 0], RANKS, SCALINGS, graph)
+        infos = [backend.kernel_batch_info(info) for info in (backend.batch_info, backend._sgemm_info())]
+        if backend.op_selection.uses_triton and backend.needs_max_rank_spaced_layout:
+            infos.append(backend.kernel_batch_info(dataclasses.replace(backend.batch_info)))  # a view made later
+            assert all(info.lora_ranks is backend._padded_ranks for info in infos)
+            assert backend._padded_ranks.tolist() == [0, RANK, RANK]
+        else:
+            assert infos == [backend.batch_info, backend._sgemm_info()]  # the real ranks, as SGLang prepared them
+    buffer = backend._padded_ranks
+    backend.prepare_lora_batch(forward_batch("DECODE", 2), [1, 2], [0, 2, 0], SCALINGS, True)
+    assert backend._padded_ranks is buffer
+    if buffer is not None:
+        assert buffer.tolist() == [0, RANK, 0]

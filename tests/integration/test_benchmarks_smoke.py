@@ -24,9 +24,15 @@ def run_benchmark(module, out, *args):
 
 
 def test_ops(tmp_path):
+    """With TRITON_INTERPRET=1 (tests/conftest.py) the quick run includes the intel_xpu Triton tiers
+    on a tiny layer, adapters at and below max_lora_rank; their outputs match the float64 reference."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
     run_benchmark("ops", tmp_path, "--seconds", "0.01")
     rows = json.loads((tmp_path / "ops-cpu-quick.json").read_text())["rows"]
     assert len(rows) == 3 and all(r["portable_ms"] > 0 and r["torch_native_ms"] > 0 for r in rows)
+    assert {r["real_rank"] for r in rows} == {8, 16}
+    for tier in ("intel_xpu_packed", "intel_xpu_spaced"):
+        assert all(r[f"{tier}_ms"] > 0 and r[f"{tier}_max_error"] < 1e-5 for r in rows), tier
     assert (tmp_path / "ops-cpu-quick.md").read_text().count("\n") >= 5
     assert (tmp_path / "ops-cpu-quick.png").stat().st_size > 1000
 

@@ -32,6 +32,10 @@ def test_full_build(emulate, capsys, sglang_plugins_loaded):
     assert set(ops) == set(OP_NAMES)
     assert ops["embedding_lora_a_fwd"] == ("native", "native", True)
     assert all(ops[op] == ("native", "torch", False) for op in OP_NAMES if op != "embedding_lora_a_fwd")
+    graph_reasons = {op["op"]: op["graph_reason"] for op in report["ops"]}
+    assert "declared capture-safe" in graph_reasons["embedding_lora_a_fwd"]
+    assert graph_reasons["qkv_lora_b_fwd"].startswith("native op is not declared capture-safe; no Triton: ")
+    assert report["pool_layout"] == "max-rank spaced"
     assert all(p["found"] for p in report["patch_points"]) and len(report["patch_points"]) > 10
     assert report["sglang"] == "0.5.23" and report["xpu_visible"] is False
 
@@ -43,13 +47,27 @@ def test_partial_build_in_auto_and_native_mode(emulate, capsys, sglang_plugins_l
     native = {op for op, (provider, _, _) in providers_of(report).items() if provider == "native"}
     assert native == {"embedding_lora_a_fwd", "sgemm_lora_a_fwd"}
     reason = {op["op"]: op["reason"] for op in report["ops"]}["qkv_lora_b_fwd"]
-    assert "native op missing: not in the installed build (first in an sgl-kernel-xpu build with PR #393" in reason
+    assert "no native op: not in the installed build (first in an sgl-kernel-xpu build with PR #393" in reason
 
     with emulate("v0.1.0", kernels="native"):
         status, text = run_doctor(capsys)
     assert status == 1
     assert "CANNOT SERVE --lora-backend intel_xpu:" in text
     assert "sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable" in text
+
+
+def test_triton_mode(capsys, monkeypatch, sglang_plugins_loaded):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")  # TRITON_INTERPRET=1: tests/conftest.py
+    status, report = run_doctor(capsys, "--json")
+    assert status == 0, report["problems"]
+    assert set(providers_of(report).values()) == {("triton", "triton", True)}
+    assert report["pool_layout"] == "packed"
+    assert all("interpreter (TRITON_INTERPRET=1)" in op["reason"] for op in report["ops"])
+    status, text = run_doctor(capsys)
+    assert text.count("  triton / triton ") == len(OP_NAMES) and "LoRA pool layout: packed" in text
+    monkeypatch.delenv("TRITON_INTERPRET")
+    status, text = run_doctor(capsys)
+    assert status == 1 and "=triton: SGLang's Triton LoRA kernels cannot run on device cpu" in text
 
 
 @pytest.mark.parametrize("kernels, status", [("auto", 1), ("torch", 0)])

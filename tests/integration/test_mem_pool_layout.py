@@ -81,6 +81,14 @@ def peft_weight(raw, layer, proj, kind):
     return raw[key]
 
 
+def peft_qkv(raw, x, scaling):
+    """Layer 0's q/k/v LoRA output from the PEFT tensors: ``scaling * x A^T B^T`` per projection."""
+    return torch.cat(
+        [scaling * x @ peft_weight(raw, 0, proj, "A").T @ peft_weight(raw, 0, proj, "B").T for proj in STACKED["qkv_proj"]],
+        dim=1,
+    )
+
+
 def test_smaller_adapter_into_reused_slot_is_spaced_and_zero_tailed(pool_env):
     pool = pool_env.new_pool(spaced=True)
     big, _ = pool_env.adapter("doc-r16")
@@ -122,7 +130,13 @@ def test_unmarked_pool_keeps_sglang_packed_layout(pool_env):
     assert torch.equal(slot[8:16], peft_weight(raw, 0, "k_proj", "A"))  # slice 1 packed at row 1 * r
 
 
-def test_init_memory_pool_marks_only_managers_whose_backend_declares_it(sglang_plugins_loaded, tiny_artifacts):
+@pytest.mark.parametrize("kernels, intel_xpu_spaced", [("auto", True), ("triton", False)])
+def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
+    sglang_plugins_loaded, tiny_artifacts, monkeypatch, kernels, intel_xpu_spaced
+):
+    """intel_xpu needs the spaced pool when a native or portable op serves (auto on CPU: portable),
+    SGLang's packed pool when every op is Triton; it is told the layout and max_lora_rank."""
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
     from sglang.srt.lora.backend.lora_registry import get_backend_from_name
     from sglang.srt.lora.lora_manager import LoRAManager
     from sglang.srt.runtime_context import get_parallel
@@ -142,7 +156,50 @@ def test_init_memory_pool_marks_only_managers_whose_backend_declares_it(sglang_p
             )
             LoRAManager.init_memory_pool(manager)
             marks[backend_name] = getattr(manager.memory_pool, SPACED_LAYOUT_ATTR)
-    assert marks == {"intel_xpu": True, "torch_native": False}
+            if backend_name == "intel_xpu":
+                told = manager.lora_backend._pool_max_lora_rank
+    assert marks == {"intel_xpu": intel_xpu_spaced, "torch_native": False}
+    assert told == (MAX_RANK if intel_xpu_spaced else None)  # padding only on the spaced pool
+
+
+def reused_slot_qkv(pool_env, spaced: bool, ops, kernel_ranks=None):
+    """Layer 0's qkv LoRA output for 5 rows of a rank-8 adapter loaded into a slot that held a
+    rank-16 one, through provider module ``ops`` (the Triton provider gets SGLang's batch info with
+    ``kernel_ranks(real ranks)``), and the PEFT result."""
+    from sglang.srt.lora.utils import LoRABatchInfo
+
+    pool = pool_env.new_pool(spaced=spaced)
+    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
+    small, raw = pool_env.adapter("sql-r8")
+    pool_env.load(pool, "sql", 1, small)
+    a, b = pool.A_buffer["qkv_proj"][0], pool.B_buffer["qkv_proj"][0]
+    x = torch.randn(5, a.shape[2])
+    real, scalings = torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0.0, small.scaling])
+    meta = dict(seg_indptr=torch.tensor([0, 5], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
+                lora_ranks=real)
+    if kernel_ranks is not None:
+        meta["batch_info"] = LoRABatchInfo(
+            use_cuda_graph=False, bs=1, num_segments=1, seg_indptr=meta["seg_indptr"], weight_indices=meta["weight_indices"],
+            lora_ranks=kernel_ranks(real), scalings=scalings, max_len=5, seg_lens=torch.tensor([5], dtype=torch.int32),
+        )
+    q, k, v = (peft_weight(raw, 0, proj, "B").shape[0] for proj in STACKED["qkv_proj"])
+    out = ops.qkv_lora_b_fwd(
+        input_x=ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), qkv_lora_b=b,
+        output_offset=torch.tensor([0, q, q + k, q + k + v], dtype=torch.int32), max_qkv_out_dim=q,
+        scalings=scalings, **meta,
+    )
+    return out, peft_qkv(raw, x, small.scaling)
+
+
+@pytest.mark.parametrize("spaced", [True, False], ids=["spaced-pool-padded-ranks", "packed-pool-real-ranks"])
+def test_triton_kernels_are_exact_on_either_layout(pool_env, spaced):
+    """SGLang's Triton kernels (interpreter) on the real pool: exact on the spaced pool with ranks
+    padded to max_lora_rank, and on SGLang's packed pool with the real ranks."""
+    from sglang_xpu_lora.providers import triton_ops
+
+    pad = (lambda real: triton_ops.pad_lora_ranks(real, MAX_RANK)) if spaced else (lambda real: real)
+    out, expected = reused_slot_qkv(pool_env, spaced, triton_ops, kernel_ranks=pad)
+    assert float((out - expected).abs().max()) < 1e-4
 
 
 @pytest.mark.parametrize("spaced", [True, False], ids=["pool-patch", "pool-patch-removed"])
@@ -151,25 +208,7 @@ def test_kernels_are_exact_only_on_the_patched_layout(pool_env, spaced):
     loaded over a rank-16 one exactly from the patched pool, and wrongly from SGLang's packed one."""
     from sglang_xpu_lora.providers import torch_ops
 
-    pool = pool_env.new_pool(spaced=spaced)
-    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
-    small, raw = pool_env.adapter("sql-r8")
-    pool_env.load(pool, "sql", 1, small)
-    a, b = pool.A_buffer["qkv_proj"][0], pool.B_buffer["qkv_proj"][0]
-    x = torch.randn(5, a.shape[2])
-    meta = dict(seg_indptr=torch.tensor([0, 5], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
-                lora_ranks=torch.tensor([0, 8], dtype=torch.int32))
-    scaling = small.scaling
-    q, k, v = (peft_weight(raw, 0, proj, "B").shape[0] for proj in STACKED["qkv_proj"])
-    out = torch_ops.qkv_lora_b_fwd(
-        input_x=torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), qkv_lora_b=b,
-        output_offset=torch.tensor([0, q, q + k, q + k + v], dtype=torch.int32), max_qkv_out_dim=q,
-        scalings=torch.tensor([0.0, scaling]), **meta,
-    )
-    expected = torch.cat(
-        [scaling * x @ peft_weight(raw, 0, proj, "A").T @ peft_weight(raw, 0, proj, "B").T for proj in STACKED["qkv_proj"]],
-        dim=1,
-    )
+    out, expected = reused_slot_qkv(pool_env, spaced, torch_ops)
     error = float((out - expected).abs().max())
     if spaced:
         assert error < 1e-4

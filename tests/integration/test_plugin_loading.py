@@ -94,18 +94,22 @@ def validate(kernels, build=None):
     finally:
         kernel_emulator.uninstall()
 
+os.environ.pop("TRITON_INTERPRET", None)
 validate("auto")
 validate("torch")
 validate("fast")
 validate("native", "v0.1.0")
 validate("auto", "v0.1.0")
+validate("triton")
+os.environ["TRITON_INTERPRET"] = "1"
+validate("triton")
 """
 
 
 def test_validation_of_intel_xpu_on_cpu(run_python, tiny_artifacts):
     """Validation, as Engine runs it: the device check names both flags unless portable kernels (or
-    a kernel build with CPU implementations) are selected; a bad selector and a missing native
-    kernel fail there too, before any worker process starts."""
+    a kernel build with CPU implementations) are selected; a bad selector, a missing native kernel
+    and Triton kernels where Triton cannot run fail there too, before any worker process starts."""
     result = run_python(VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"]))
     lines = result.stdout.splitlines()
     assert (
@@ -113,9 +117,13 @@ def test_validation_of_intel_xpu_on_cpu(run_python, tiny_artifacts):
         "set SGLANG_XPU_LORA_KERNELS=torch to run the portable PyTorch LoRA kernels on it"
     ) in lines, result.stdout + result.stderr[-3000:]
     assert "torch None VALID" in lines
-    assert "fast None INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, torch; unset it or set SGLANG_XPU_LORA_KERNELS=torch for the portable kernels" in lines
+    assert "fast None INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, triton, torch; unset it or set SGLANG_XPU_LORA_KERNELS=torch for the portable kernels" in lines
     assert any(line.startswith("native v0.1.0 INVALID SGLANG_XPU_LORA_KERNELS=native: sgl-kernel-xpu op sgemm_lora_b_fwd is unavailable") for line in lines)
     assert "auto v0.1.0 VALID" in lines  # the emulated build registers CPU kernels
+    assert lines[-2].startswith(
+        "triton None INVALID SGLANG_XPU_LORA_KERNELS=triton: SGLang's Triton LoRA kernels cannot run on device cpu"
+    )
+    assert lines[-1] == "triton None VALID"  # TRITON_INTERPRET=1: Triton's interpreter (tests)
 
 
 THROWAWAY_PYPROJECT = """

@@ -1,4 +1,5 @@
-"""``SGLANG_XPU_LORA_KERNELS`` selection."""
+"""``SGLANG_XPU_LORA_KERNELS`` selection without a kernel build: the torch, triton and auto tiers,
+per device, eager and inside graphs (the emulated builds: tests/emulator/test_native_provider.py)."""
 
 from __future__ import annotations
 
@@ -7,51 +8,128 @@ import logging
 import pytest
 
 from sglang_xpu_lora import providers
-from sglang_xpu_lora.providers import base, torch_ops
+from sglang_xpu_lora.providers import base, selection, torch_ops, triton_ops
+from sglang_xpu_lora.providers.selection import OpChoice
 
 
 @pytest.fixture(autouse=True)
 def fresh_reports(monkeypatch):
-    monkeypatch.setattr(providers, "_reported", set())
+    monkeypatch.setattr(selection, "_reported", set())
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.fixture
+def triton_on_gpus(monkeypatch):
+    """Pretend Triton has an active backend for cuda and xpu (CPU stays as it is)."""
+    real = selection.triton_support
+
+    def support(device):
+        kind = selection.device_type(device)
+        return (True, f"Triton test backend for {kind}") if kind in ("cuda", "xpu") else real(device)
+
+    monkeypatch.setattr(selection, "triton_support", support)
+
+
+def providers_of(chosen) -> set:
+    return {c.provider for c in chosen.values()}
 
 
 def test_torch_selects_portable_provider_for_every_op_silently(monkeypatch, caplog):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     with caplog.at_level(logging.INFO):
-        selection = providers.select_ops()
-    assert selection.eager is selection.graph
-    assert all(getattr(selection.eager, op) is getattr(torch_ops, op) for op in base.OP_NAMES)
-    assert {c.provider for c in selection.choices.values()} == {"torch"}
+        chosen = providers.select_ops("cpu")
+    assert chosen.eager is chosen.graph
+    assert all(getattr(chosen.eager, op).__wrapped__ is getattr(torch_ops, op) for op in base.OP_NAMES)
+    assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"torch"}
+    assert chosen.needs_max_rank_spaced_layout and not chosen.uses_triton
     assert providers.portable_kernels_selected() and providers.runs_on_device("cpu")
     assert caplog.records == []
 
 
-def test_auto_without_a_kernel_build_is_portable_and_logs_each_op_once(monkeypatch, caplog):
+def test_auto_without_a_kernel_build_on_cpu_is_portable_and_logs_each_op_once(monkeypatch, caplog):
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
     with caplog.at_level(logging.WARNING):
-        first = providers.select_ops()
-        providers.select_ops()
-    assert {c.provider for c in first.choices.values()} == {"torch"}
+        first = providers.select_ops("cpu")
+        providers.select_ops("cpu")
+    assert providers_of(first.choices) == providers_of(first.graph_choices) == {"torch"}
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == len(base.OP_NAMES)  # once per op, not once per selection
-    assert all("uses the portable PyTorch op" in m for m in messages)
+    assert all("uses the torch provider" in m and "Triton has no CPU backend" in m for m in messages)
     assert not providers.portable_kernels_selected()  # auto is not an explicit choice
     assert not providers.runs_on_device("cpu")  # the dev stub sgl_kernel has no ops
+
+
+def test_auto_never_uses_the_triton_interpreter_on_cpu(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert providers.triton_support("cpu")[0]
+    chosen = providers.choose("cpu")
+    assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"torch"}
+    assert "does not use the Triton interpreter on CPU" in chosen.choices["sgemm_lora_a_fwd"].reason
+
+
+def test_auto_on_a_gpu_without_native_ops_is_triton_in_both_modes_on_the_packed_pool(triton_on_gpus, caplog):
+    for device in ("cuda", "xpu"):
+        with caplog.at_level(logging.WARNING):
+            chosen = providers.select_ops(device)
+        assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"triton"}
+        assert all(getattr(chosen.graph, op) is getattr(triton_ops, op) for op in base.OP_NAMES)
+        assert not chosen.needs_max_rank_spaced_layout  # packed pool, real ranks
+        assert "Triton test backend" in chosen.choices["qkv_lora_b_fwd"].reason
+        assert providers.runs_on_device(device)
+    assert caplog.records == []  # Triton is not a degraded choice: logged at INFO only
+
+
+def test_unknown_device_never_uses_triton(triton_on_gpus):
+    assert providers_of(providers.choose(None).choices) == {"torch"}
+    assert not providers.runs_on_device(None)
+
+
+def test_triton_mode_serves_every_op_where_triton_runs(monkeypatch, triton_on_gpus):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
+    chosen = providers.select_ops("cuda")
+    assert chosen.eager is chosen.graph
+    assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"triton"}
+    assert not chosen.needs_max_rank_spaced_layout
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # on CPU only in the interpreter (tests)
+    assert providers_of(providers.select_ops("cpu").choices) == {"triton"}
+
+
+def test_triton_mode_where_triton_cannot_run_is_a_validation_error(monkeypatch):
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
+    with pytest.raises(RuntimeError, match="=triton: SGLang's Triton LoRA kernels cannot run on device cpu: Triton has no CPU backend"):
+        providers.select_ops("cpu")
+    with pytest.raises(ValueError, match="cannot run on device cpu"):  # as argument validation reports it
+        providers.runs_on_device("cpu")
 
 
 def test_native_without_the_op_is_a_start_up_error_naming_it(monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "native")
     with pytest.raises(RuntimeError, match="op embedding_lora_a_fwd is unavailable.*Install sgl-kernel-xpu v0.1.0"):
-        providers.select_ops()
+        providers.select_ops("xpu")
 
 
 def test_invalid_value_is_rejected_with_the_choices(monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "cuda")
-    with pytest.raises(ValueError, match="'cuda' is not one of auto, native, torch"):
+    with pytest.raises(ValueError, match="'cuda' is not one of auto, native, triton, torch"):
         providers.kernels_choice()
 
 
-def test_portable_provider_exports_every_op():
-    assert torch_ops.name == "torch"
+def test_expands_reading_a_triton_shrink_are_served_by_triton():
+    """A Triton shrink leaves rank-0 rows unwritten: a native or portable expand must not read them."""
+    chosen = {op: OpChoice(op, "native", "found", False) for op in base.OP_NAMES}
+    chosen["sgemm_lora_a_fwd"] = OpChoice("sgemm_lora_a_fwd", "triton", "no native op", True)
+    selection._pair_triton_shrinks(chosen)
+    assert {op for op, c in chosen.items() if c.provider == "triton"} == {
+        "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd",
+    }
+    assert "reads the Triton sgemm_lora_a_fwd output" in chosen["qkv_lora_b_fwd"].reason
+    chosen = {op: OpChoice(op, "native", "found", False) for op in base.OP_NAMES}
+    chosen["chunked_sgmv_lora_shrink_fwd"] = OpChoice("chunked_sgmv_lora_shrink_fwd", "triton", "no native op", True)
+    selection._pair_triton_shrinks(chosen)
+    assert {op for op, c in chosen.items() if c.provider == "triton"} == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}
+
+
+def test_every_provider_exports_every_op():
+    assert (torch_ops.name, triton_ops.name) == ("torch", "triton")
     for op in base.OP_NAMES:
-        assert callable(getattr(torch_ops, op)), op
+        assert callable(getattr(torch_ops, op)) and callable(getattr(triton_ops, op)), op

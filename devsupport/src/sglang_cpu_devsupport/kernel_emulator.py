@@ -87,6 +87,12 @@ BUILDS = {
     },
 }
 
+#: Kernels each build declares capture-safe (``sgl_kernel.lora_capture_safe_ops``, read by the
+#: plugin's native provider): the ``full`` build's embedding, whose ``max_len`` bounds the grid from
+#: the host, so the capture-safe native path is exercised.
+CAPTURE_SAFE = {"full": ("embedding_lora_a_fwd",)}
+CAPTURE_SAFE_ATTR = "lora_capture_safe_ops"
+
 _VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _library: Optional[torch.library.Library] = None
 installed_build: Optional[str] = None
@@ -319,7 +325,18 @@ def install(build: str) -> None:
     for kernel_name, schema_key in BUILDS[build].items():
         _library.define(kernel_name + SCHEMAS[schema_key])
         _library.impl(kernel_name, impls[schema_key], "CPU")
+    _declare_capture_safe(CAPTURE_SAFE.get(build, ()))
     installed_build = build
+
+
+def _declare_capture_safe(kernel_names) -> None:
+    """Set (or, for no names, remove) the build's capture-safety declaration on ``sgl_kernel``."""
+    import sgl_kernel
+
+    if kernel_names:
+        setattr(sgl_kernel, CAPTURE_SAFE_ATTR, frozenset(kernel_names))
+    elif CAPTURE_SAFE_ATTR in vars(sgl_kernel):
+        delattr(sgl_kernel, CAPTURE_SAFE_ATTR)
 
 
 def uninstall() -> None:
@@ -327,6 +344,7 @@ def uninstall() -> None:
     global _library, installed_build
     if _library is not None:
         _library._destroy()
+        _declare_capture_safe(())
     _library, installed_build = None, None
     CALLS.clear()
 

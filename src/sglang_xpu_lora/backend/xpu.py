@@ -4,10 +4,14 @@ The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is
 ``prepare_lora_batch`` (per-request segments for extend, TARGET_VERIFY through
 ``spec_info.draft_token_num``, per-slot routing with a permutation for decode), decode and prefill
 graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
-pass routing. It overrides every ``run_*`` method, because the inherited Triton kernels read the
-packed (stride ``r``) LoRA-A layout while this backend's pool is max-rank spaced, and Triton does not
-run on CPU. It does no math itself: each call is routed to one op of the selected provider
-(:mod:`sglang_xpu_lora.providers`).
+pass routing. It overrides every ``run_*`` method to route each call to one op of the provider
+selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLang's own Triton
+kernels, or the portable PyTorch ops. It does no math itself.
+
+Pool layout: the native and portable ops need the max-rank-spaced pool; when every selected op is
+Triton (:attr:`needs_max_rank_spaced_layout` False) the pool keeps SGLang's packed layout. On the
+spaced pool the Triton kernels get each active slot's rank padded to ``max_lora_rank``, computed
+once per batch on the device (:meth:`kernel_batch_info`).
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -22,6 +26,7 @@ Routing (``info = self._sgemm_info(...)``):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -29,17 +34,19 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.providers import select_ops, torch_ops
+from sglang_xpu_lora.providers import select_ops, torch_ops, triton_ops
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
-    """Multi-LoRA backend for Intel XPU (sgl-kernel-xpu ops) with a portable PyTorch fallback.
+    """Multi-LoRA backend for Intel XPU: sgl-kernel-xpu ops, SGLang's Triton kernels where those are
+    missing or not capture-safe, portable PyTorch ops where neither runs.
 
     Requirements, declared in :data:`sglang_xpu_lora.backend.registration.INTEL_XPU`: device
-    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the kernel build registers CPU
-    implementations, as the test emulator does), and the max-rank-spaced, zero-tailed pool
-    layout (stacked A slice ``p`` at row ``p * max_lora_rank``), which the plugin's pool patch
-    provides for managers that use this backend.
+    ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the selected ops run on the device: a
+    kernel build with CPU implementations, as the test emulator, or Triton), and, when a native or
+    portable op is selected, the max-rank-spaced, zero-tailed pool layout (stacked A slice ``p``
+    at row ``p * max_lora_rank``), which the plugin's pool patch provides for managers that use
+    this backend (:attr:`needs_max_rank_spaced_layout`).
 
     ``supports_dp_attention = False``: with DP attention SGLang routes TP-global sections through
     token-level global batch infos gathered across DP ranks; SGLang's XPU graph runner does not
@@ -55,7 +62,19 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
         super().__init__(max_loras_per_batch, device, **kwargs)
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
-        self.op_selection = select_ops()
+        self.op_selection = select_ops(device)
+        #: Whether the pool must be max-rank spaced (read by the plugin's pool patch).
+        self.needs_max_rank_spaced_layout = self.op_selection.needs_max_rank_spaced_layout
+        self._pool_max_lora_rank: Optional[int] = None  # set by use_pool_layout when ranks need padding
+        self._padded_ranks: Optional[torch.Tensor] = None  # persistent: captured graphs read its address
+        self._kernel_infos: dict = {}  # id(batch info) -> (batch info, its Triton-kernel copy)
+
+    def use_pool_layout(self, spaced: bool, max_lora_rank: int) -> None:
+        """Called by the plugin's pool patch once the pool exists: its layout and ``max_lora_rank``.
+
+        On a spaced pool the Triton kernels get padded ranks (:meth:`kernel_batch_info`).
+        """
+        self._pool_max_lora_rank = max_lora_rank if spaced else None
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
@@ -69,21 +88,57 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
+        self._prepare_kernel_infos()
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
+        self._prepare_kernel_infos()
+
+    def _batch_infos(self) -> list:
+        """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
+        infos = [self.batch_info, self.sgemm_batch_info, self.lm_head_batch_info, *(self.lm_head_pass_batch_infos or ())]
+        return list({id(info): info for info in infos if info is not None}.values())
+
+    def _prepare_kernel_infos(self) -> None:
+        """Once per batch, when Triton ops run on the spaced pool: pad the slots' ranks to
+        ``max_lora_rank`` on the device (:func:`triton_ops.pad_lora_ranks`, into a persistent
+        buffer) and make each batch info's copy that carries them."""
+        self._kernel_infos = {}
+        if not self.op_selection.uses_triton or not self.needs_max_rank_spaced_layout:
+            return
+        if self._pool_max_lora_rank is None:
+            raise RuntimeError(
+                "intel_xpu: the LoRA pool's layout is unknown (the plugin's memory-pool patch calls "
+                "use_pool_layout); the Triton kernels cannot be given ranks for a max-rank-spaced pool"
+            )
+        if self._padded_ranks is None:
+            self._padded_ranks = torch.zeros(self.max_loras_per_batch, dtype=torch.int32, device=self.device)
+        ranks = self.batch_info.lora_ranks[: self.max_loras_per_batch]
+        triton_ops.pad_lora_ranks(ranks, self._pool_max_lora_rank, out=self._padded_ranks)
+        for info in self._batch_infos():
+            self._kernel_infos[id(info)] = (info, dataclasses.replace(info, lora_ranks=self._padded_ranks))
+
+    def kernel_batch_info(self, info: LoRABatchInfo) -> LoRABatchInfo:
+        """``info`` as SGLang's Triton kernels need it on this pool: with every active slot's rank
+        padded to ``max_lora_rank`` on the spaced pool (prepared once per batch), as is on SGLang's
+        packed pool."""
+        if not self._kernel_infos:
+            return info
+        entry = self._kernel_infos.get(id(info))
+        if entry is None or entry[0] is not info:  # a view not prepared with the batch: same slots, same ranks
+            entry = self._kernel_infos[id(info)] = (info, dataclasses.replace(info, lora_ranks=self._padded_ranks))
+        return entry[1]
 
     def _int32_lora_ranks(self) -> None:
         """SGLang's eager paths make ``lora_ranks`` int64 (its graph buffers are int32); the
         sgl-kernel-xpu embedding op reads int32 as passed. Convert every batch info of this batch
         once here rather than cast in every layer."""
-        infos = [self.batch_info, self.sgemm_batch_info, self.lm_head_batch_info, *(self.lm_head_pass_batch_infos or ())]
         converted = {}
-        for info in infos:
-            if info is not None and info.lora_ranks.dtype != torch.int32:
+        for info in self._batch_infos():
+            if info.lora_ranks.dtype != torch.int32:
                 key = id(info.lora_ranks)
                 if key not in converted:
                     converted[key] = info.lora_ranks.to(torch.int32)
@@ -105,6 +160,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 seg_indptr=info.seg_indptr,
                 weight_indices=info.weight_indices,
                 lora_ranks=info.lora_ranks,
+                batch_info=self.kernel_batch_info(info),
             )
         return self._ops(info).chunked_sgmv_lora_shrink_fwd(
             input_x=x,
@@ -115,6 +171,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             weight_indices=info.weight_indices,
             lora_ranks=info.lora_ranks,
             permutation=info.permutation[: x.shape[0]],
+            batch_info=self.kernel_batch_info(info),
         )
 
     def _chunked_expand(
@@ -141,6 +198,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             scalings=info.scalings,
             permutation=permutation,
             base_output=base_output,
+            batch_info=self.kernel_batch_info(info),
         )
 
     @staticmethod
@@ -183,6 +241,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             lora_ranks=info.lora_ranks,
             extra_embeddings=extra_embeddings,
             max_len=max_len,
+            batch_info=self.kernel_batch_info(info),
         )
 
     def run_lora_a_sgemm(
@@ -221,6 +280,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 lora_ranks=info.lora_ranks,
                 scalings=info.scalings,
                 base_output=base_output,
+                batch_info=self.kernel_batch_info(info),
             )
         out_dim = weights.shape[-2]
         offsets = self._uniform_offsets(1, out_dim, x.device)
@@ -257,6 +317,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 lora_ranks=info.lora_ranks,
                 scalings=info.scalings,
                 base_output=base_output,
+                batch_info=self.kernel_batch_info(info),
             )
         return self._chunked_expand(
             lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base_output
@@ -285,6 +346,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 lora_ranks=info.lora_ranks,
                 scalings=info.scalings,
                 base_output=base_output,
+                batch_info=self.kernel_batch_info(info),
             )
         offsets = self._uniform_offsets(2, output_dim, x.device)
         return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base_output)

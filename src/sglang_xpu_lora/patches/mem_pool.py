@@ -5,12 +5,13 @@ Why: SGLang writes stacked dense LoRA-A (qkv, gate_up, ...) packed at stride ``r
     contract over the full ``max_lora_rank`` (sgl-kernel-xpu, the portable ops) need slice ``p`` at
     row ``p * max_lora_rank`` and zero tails, or an adapter below ``--max-lora-rank`` gives wrong
     numbers and a reused slot leaks its previous tenant.
-How: ``init_memory_pool`` marks the pool of a manager whose backend's spec declares
-    ``needs_max_rank_spaced_layout`` (per manager: speculative decoding may build a second manager
-    with another backend). For a marked pool, loading an adapter into a slot first zeroes the whole
-    slot (SGLang's ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it,
-    then moves stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are
-    untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
+How: ``init_memory_pool`` marks the pool of a manager whose backend needs the spaced layout
+    (:func:`needs_spaced_layout`: the backend instance's ``needs_max_rank_spaced_layout``, else its
+    spec's; per manager: speculative decoding may build a second manager with another backend) and
+    tells a backend with ``use_pool_layout`` the layout and ``max_lora_rank``. For a marked pool,
+    loading an adapter into a slot first zeroes the whole slot (SGLang's
+    ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it, then moves
+    stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
     (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
     the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
     the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
@@ -54,14 +55,26 @@ def respace_stacked_lora_a(pool, buffer_id: int, rank: int) -> None:
                 slot[p * max_rank : p * max_rank + rank].copy_(packed[p * rank : (p + 1) * rank])
 
 
+def needs_spaced_layout(registry: LoRABackendRegistry, backend: object) -> bool:
+    """Whether ``backend`` needs the max-rank-spaced pool: its own ``needs_max_rank_spaced_layout``
+    (``intel_xpu`` sets it from the ops it selected), else its spec's; False for backends that are
+    not the registry's."""
+    spec = registry.spec_for_backend(backend)
+    if spec is None:
+        return False
+    return bool(getattr(backend, "needs_max_rank_spaced_layout", spec.needs_max_rank_spaced_layout))
+
+
 def apply(registry: LoRABackendRegistry) -> None:
     hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
 
     def around_init_memory_pool(original, manager, *args, **kwargs):
         result = original(manager, *args, **kwargs)
-        spec = registry.spec_for_backend(manager.lora_backend)
-        spaced = bool(spec and spec.needs_max_rank_spaced_layout)
+        spaced = needs_spaced_layout(registry, manager.lora_backend)
         setattr(manager.memory_pool, SPACED_LAYOUT_ATTR, spaced)
+        use_pool_layout = getattr(manager.lora_backend, "use_pool_layout", None)
+        if use_pool_layout is not None:
+            use_pool_layout(spaced, manager.memory_pool.max_lora_rank)
         if spaced:
             from sglang_xpu_lora.providers import torch_ops  # lazily: plugin load imports no ops
 

@@ -33,7 +33,7 @@ def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> Non
         raise ValueError(error)
     if spec.preflight is not None:
         try:
-            spec.preflight()
+            spec.preflight(cfg.device)
         except RuntimeError as exc:
             raise ValueError(str(exc)) from exc
 

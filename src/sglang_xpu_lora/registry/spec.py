@@ -19,12 +19,15 @@ class LoRABackendSpec:
         lets the backend run on a device other than ``device`` (e.g. when portable kernels were
         selected). It may raise ``ValueError`` to report a misconfiguration.
     :param other_devices_hint: appended to the device error: how to run elsewhere.
-    :param preflight: optional zero-argument callable run at argument validation when the backend is
-        selected (before any process starts); it raises ``ValueError`` or ``RuntimeError`` with an
-        actionable message when the backend cannot start (e.g. a required kernel is missing).
-    :param needs_max_rank_spaced_layout: the backend's kernels read stacked LoRA-A slice ``p`` at
-        row ``p * max_lora_rank`` and contract over the full rank, so the memory pool must space
+    :param preflight: optional callable taking the resolved device name (or None), run at argument
+        validation when the backend is selected (before any process starts); it raises
+        ``ValueError`` or ``RuntimeError`` with an actionable message when the backend cannot start
+        (e.g. a required kernel is missing, or its kernels cannot run on that device).
+    :param needs_max_rank_spaced_layout: the backend's kernels (may) read stacked LoRA-A slice ``p``
+        at row ``p * max_lora_rank`` and contract over the full rank, so the memory pool must space
         slices at ``max_lora_rank`` and zero rank tails (see :mod:`sglang_xpu_lora.patches.mem_pool`).
+        A backend instance may refine it with a bool attribute of the same name (``intel_xpu``
+        does, from the ops it selected).
     """
 
     name: str
@@ -32,7 +35,7 @@ class LoRABackendSpec:
     device: Optional[str] = None
     runs_on_other_devices: Optional[Callable[[Optional[str]], bool]] = None
     other_devices_hint: str = ""
-    preflight: Optional[Callable[[], object]] = None
+    preflight: Optional[Callable[[Optional[str]], object]] = None
     needs_max_rank_spaced_layout: bool = False
 
     def device_error(self, device: Optional[str]) -> Optional[str]:

@@ -1,0 +1,209 @@
+"""Triton provider: SGLang's own Triton LoRA kernels (``sglang.kernels.ops.lora.dense``), called the
+way SGLang's ``TritonLoRABackend.run_*`` methods call them, behind the seven-op interface.
+
+The kernels take SGLang's ``LoRABatchInfo`` rather than loose index tensors: besides
+``seg_indptr``, ``weight_indices``, ``lora_ranks``, ``scalings`` and ``permutation`` they need the
+host-side launch bounds ``bs`` and ``max_len``, ``seg_lens`` and ``use_cuda_graph``. Every op here
+therefore takes the interface's arguments plus the keyword ``batch_info`` and reads the batch from
+it alone; the loose index arguments are accepted so that the backend calls every provider the same
+way, and must describe the same batch. ``IntelXpuLoRABackend`` builds that ``batch_info`` once per
+batch (:meth:`~sglang_xpu_lora.backend.xpu.IntelXpuLoRABackend.kernel_batch_info`).
+
+Ranks and the pool layout. The kernels contract over each slot's ``lora_ranks`` entry and read
+stacked LoRA-A slice ``p`` at row ``p * rank`` (the packed layout SGLang's pool writes). On the
+plugin's max-rank-spaced pool (slice ``p`` at ``p * max_lora_rank``, zero rank tails) they are exact
+when given every active slot's rank padded to ``max_lora_rank`` (0 stays 0):
+:func:`pad_lora_ranks`. On SGLang's packed pool they take the real ranks.
+
+Mapping of the interface's ops to SGLang's kernels (as in ``TritonLoRABackend``): the shrink ops
+(contiguous and permuted) both run ``sgemm_lora_a_fwd``, which follows ``batch_info.permutation``;
+``chunked_sgmv_lora_expand_fwd`` runs ``sgemm_lora_b_fwd`` for one slice, ``gate_up_lora_b_fwd`` for
+two equal slices and ``qkv_lora_b_fwd`` (any slice count, uneven bands) otherwise.
+
+Two differences from the interface's common contract (:mod:`.base`), both SGLang's kernels' own:
+
+* the B ops add into ``base_output`` in place and return it (callers use the returned tensor);
+* a shrink's output is written only for rows of segments whose slot has a non-zero rank, and only
+  up to ``stack_num * rank`` columns; everything else is uninitialised. Only the Triton B ops read
+  it correctly (they skip those rows and columns), so the selection pairs a Triton shrink with
+  Triton expands (:mod:`.selection`).
+
+Capture safety: the kernels read ranks, segments and permutation from device memory and launch
+grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
+XPU graphs (SGLang captures them in its ``triton`` backend).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+name = "triton"
+
+
+def pad_lora_ranks(lora_ranks: torch.Tensor, max_lora_rank: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-slot ranks for the max-rank-spaced pool: ``max_lora_rank`` where ``lora_ranks > 0``, else 0.
+
+    Args:
+        lora_ranks: ``(max_loras,)`` integer ranks on the device.
+        max_lora_rank: the pool's ``max_lora_rank``.
+        out: optional ``(max_loras,)`` int32 buffer to fill in place (a persistent buffer keeps the
+            address a captured graph reads).
+
+    Returns:
+        ``(max_loras,)`` int32, on ``lora_ranks``' device; computed with device kernels only (no
+        host synchronisation, capture-safe).
+    """
+    padded = (lora_ranks > 0).to(torch.int32) * max_lora_rank
+    if out is None:
+        return padded
+    return out.copy_(padded)
+
+
+@functools.cache
+def _kernels():
+    """SGLang's kernel modules, imported on first use (importing them imports Triton)."""
+    from sglang.kernels.ops.lora.dense import embedding_lora_a, gate_up_lora_b, qkv_lora_b, sgemm_lora_a, sgemm_lora_b
+
+    return embedding_lora_a, sgemm_lora_a, sgemm_lora_b, qkv_lora_b, gate_up_lora_b
+
+
+def embedding_lora_a_fwd(
+    input_ids: torch.Tensor,
+    weights: torch.Tensor,
+    vocab_size: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    extra_embeddings: Optional[torch.Tensor] = None,
+    seg_lens: Optional[torch.Tensor] = None,
+    max_len: Optional[int] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """LoRA-A embedding lookup. input_ids: ``(s,)``; weights: ``(L, R, vocab)`` -> ``(s, R)`` in
+    weights' dtype, zero past each slot's rank (SGLang ``embedding_lora_a_fwd``)."""
+    return _kernels()[0].embedding_lora_a_fwd(
+        input_ids=input_ids, weights=weights, batch_info=batch_info, vocab_size=vocab_size,
+        extra_embeddings=extra_embeddings,
+    )
+
+
+def sgemm_lora_a_fwd(
+    input_x: torch.Tensor,
+    weights: torch.Tensor,
+    stack_num: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    seg_lens: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Shrink. input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``
+    (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
+    return _kernels()[1].sgemm_lora_a_fwd(input_x, weights, batch_info, stack_num=stack_num)
+
+
+def sgemm_lora_b_fwd(
+    input_x: torch.Tensor,
+    weights: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_lens: Optional[torch.Tensor] = None,
+    base_output: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Expand, one slice. input_x: ``(s, R)``; weights: ``(L, N, R)`` -> ``(s, N)``
+    (SGLang ``sgemm_lora_b_fwd``)."""
+    return _kernels()[2].sgemm_lora_b_fwd(input_x, weights, batch_info, base_output)
+
+
+def qkv_lora_b_fwd(
+    input_x: torch.Tensor,
+    qkv_lora_b: torch.Tensor,
+    output_offset: torch.Tensor,
+    max_qkv_out_dim: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_lens: Optional[torch.Tensor] = None,
+    base_output: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Expand, three bands at device ``output_offset`` ``(4,)`` int32. input_x: ``(s, 3R)``;
+    qkv_lora_b: ``(L, N, R)`` -> ``(s, N)`` (SGLang ``qkv_lora_b_fwd``)."""
+    return _kernels()[3].qkv_lora_b_fwd(input_x, qkv_lora_b, batch_info, output_offset, max_qkv_out_dim, base_output)
+
+
+def gate_up_lora_b_fwd(
+    input_x: torch.Tensor,
+    gate_up_lora_b: torch.Tensor,
+    output_dim: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_lens: Optional[torch.Tensor] = None,
+    base_output: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Expand, two equal bands. input_x: ``(s, 2R)``; gate_up_lora_b: ``(L, 2 * output_dim, R)`` ->
+    ``(s, 2 * output_dim)`` (SGLang ``gate_up_lora_b_fwd``)."""
+    return _kernels()[4].gate_up_lora_b_fwd(input_x, gate_up_lora_b, batch_info, output_dim, base_output)
+
+
+def chunked_sgmv_lora_shrink_fwd(
+    input_x: torch.Tensor,
+    weights: torch.Tensor,
+    stack_num: int,
+    num_segments: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    permutation: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
+    ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
+    :func:`sgemm_lora_a_fwd`."""
+    return _kernels()[1].sgemm_lora_a_fwd(input_x, weights, batch_info, stack_num=stack_num)
+
+
+def chunked_sgmv_lora_expand_fwd(
+    input_x: torch.Tensor,
+    weights: torch.Tensor,
+    slice_offsets: torch.Tensor,
+    max_slice_size: int,
+    num_slices: int,
+    num_segments: int,
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    permutation: Optional[torch.Tensor] = None,
+    base_output: Optional[torch.Tensor] = None,
+    *,
+    batch_info,
+) -> torch.Tensor:
+    """Expand of ``num_slices`` bands at device ``slice_offsets`` ``(num_slices + 1,)`` int32.
+    input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``. The kernel is chosen
+    from host integers only: ``sgemm_lora_b_fwd`` for one band, ``gate_up_lora_b_fwd`` for two
+    bands of ``max_slice_size`` each, ``qkv_lora_b_fwd`` for any other bands."""
+    _, _, sgemm_b, qkv_b, gate_up_b = _kernels()
+    if num_slices == 1:
+        return sgemm_b.sgemm_lora_b_fwd(input_x, weights, batch_info, base_output)
+    if num_slices == 2 and 2 * max_slice_size == weights.shape[1]:
+        return gate_up_b.gate_up_lora_b_fwd(input_x, weights, batch_info, max_slice_size, base_output)
+    return qkv_b.qkv_lora_b_fwd(
+        input_x, weights, batch_info, slice_offsets, max_slice_size, base_output, n_slices=num_slices
+    )
