@@ -22,7 +22,7 @@ Routing (``info = self._sgemm_info(...)``):
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
@@ -246,21 +246,23 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, qkv_lora_a, n_slices, info)
-        if info.permutation is None and n_slices == 3:
-            return self._ops(info).qkv_lora_b_fwd(
-                input_x=lora_a_output,
-                qkv_lora_b=qkv_lora_b,
-                output_offset=output_offset,
-                max_qkv_out_dim=max_qkv_out_dim,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                scalings=info.scalings,
-                base_output=base_output,
-            )
-        return self._chunked_expand(
-            lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base_output
-        )
+
+        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
+            if info.permutation is None and n_slices == 3:
+                return self._ops(info).qkv_lora_b_fwd(
+                    input_x=lora_a_output,
+                    qkv_lora_b=qkv_lora_b,
+                    output_offset=output_offset,
+                    max_qkv_out_dim=max_qkv_out_dim,
+                    seg_indptr=info.seg_indptr,
+                    weight_indices=info.weight_indices,
+                    lora_ranks=info.lora_ranks,
+                    scalings=info.scalings,
+                    base_output=base,
+                )
+            return self._chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base)
+
+        return _onto_leading_columns(base_output, qkv_lora_b.shape[-2], expand)
 
     def run_gate_up_lora(
         self,
@@ -275,16 +277,42 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         output_dim = gate_up_lora_b.shape[-2] // 2
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, gate_up_lora_a, 2, info)
-        if info.permutation is None:
-            return self._ops(info).gate_up_lora_b_fwd(
-                input_x=lora_a_output,
-                gate_up_lora_b=gate_up_lora_b,
-                output_dim=output_dim,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                scalings=info.scalings,
-                base_output=base_output,
-            )
-        offsets = self._uniform_offsets(2, output_dim, x.device)
-        return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base_output)
+
+        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
+            if info.permutation is None:
+                return self._ops(info).gate_up_lora_b_fwd(
+                    input_x=lora_a_output,
+                    gate_up_lora_b=gate_up_lora_b,
+                    output_dim=output_dim,
+                    seg_indptr=info.seg_indptr,
+                    weight_indices=info.weight_indices,
+                    lora_ranks=info.lora_ranks,
+                    scalings=info.scalings,
+                    base_output=base,
+                )
+            offsets = self._uniform_offsets(2, output_dim, x.device)
+            return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base)
+
+        return _onto_leading_columns(base_output, gate_up_lora_b.shape[-2], expand)
+
+
+def _onto_leading_columns(
+    base_output: Optional[torch.Tensor], lora_dim: int, expand: Callable[[Optional[torch.Tensor]], torch.Tensor]
+) -> torch.Tensor:
+    """Run ``expand(base)`` for a layer whose LoRA may cover only its first output partitions.
+
+    SGLang's prefix-partition layers (``MergedColumnParallelLinearWithLoRA`` with fewer LoRA slices
+    than base partitions: Mamba2 ``in_proj``, LFM2 ``in_proj``) pass ``base_output`` of shape
+    ``(s, N_total)`` while LoRA-B spans only the first ``lora_dim`` columns. SGLang's Triton kernels
+    (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve them by writing through ``base_output``'s
+    strides: the LoRA delta lands in columns ``[0, lora_dim)`` in place, the other columns pass
+    through, and ``base_output`` is returned. This does the same around ops whose results are new
+    tensors of width ``lora_dim`` (the provider contract): the leading columns are handed to the op
+    as a contiguous ``(s, lora_dim)`` base and its result is copied back into them. Shapes only, no
+    host sync, capture-safe.
+    """
+    if base_output is None or base_output.shape[-1] == lora_dim:
+        return expand(base_output)
+    leading = base_output[:, :lora_dim]
+    leading.copy_(expand(leading.contiguous()))
+    return base_output
