@@ -56,13 +56,74 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().__init__(max_loras_per_batch, device, **kwargs)
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
         self.op_selection = select_ops()
+        #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
+        #: plugin's pool hook (:mod:`sglang_xpu_lora.patches.mem_pool`); None until then.
+        self.lora_memory_pool = None
+        self._pool_check_pending = False
+
+    # --- the pool layout this backend's ops need -----------------------------------------------
+
+    def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set) -> None:
+        """SGLang's ``LoRAManager.init_state`` calls this right before it builds the memory pool:
+        from here on, this backend serves only once it has checked that pool
+        (:meth:`_check_memory_pool`, at the first batch or graph set-up)."""
+        super().validate_lora_targets(base_model, target_modules)
+        self._pool_check_pending = True
+
+    def _check_memory_pool(self) -> None:
+        """Refuse to serve on a pool without the layout this backend's ops need.
+
+        The earliest point the pool can be seen from here: SGLang builds the pool after the
+        backend (``LoRAManager.__init__`` -> ``init_state``) and hands it to no backend method, so
+        the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
+        :meth:`validate_lora_targets`. The layout is needed when any selected op contracts over
+        the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, True unless the selection
+        says otherwise). It is trusted only on proof from both pool hooks: SGLang's
+        ``HookRegistry`` logs a hook it cannot apply and carries on, and the plugin may have been
+        loaded without its hooks (``Engine(lora_backend="intel_xpu")`` skips argparse).
+
+        Raises:
+            RuntimeError: naming what is missing and how to find out why.
+        """
+        from sglang_xpu_lora.patches.mem_pool import has_spaced_layout
+
+        if getattr(self, "needs_max_rank_spaced_layout", True) and not has_spaced_layout(self.lora_memory_pool):
+            if self.lora_memory_pool is None:
+                why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool's layout is unknown"
+            else:
+                why = "the pool has SGLang's packed layout (the plugin's pool hooks did not both run)"
+            raise RuntimeError(
+                f"--lora-backend {self.name} refuses to serve: its LoRA ops need the memory pool's "
+                "stacked LoRA-A spaced at --max-lora-rank with zeroed rank tails, but "
+                f"{why}. Run `sglang-xpu-lora doctor`, and look in the server log for "
+                "'Failed to apply hooks' or '[sglang-xpu-lora]' lines."
+            )
+        self._pool_check_pending = False
+
+    def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
+        """SGLang's Triton decode-graph batch info, after the pool check."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
+        super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
+
+    def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
+        """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
+        the pool check."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
+        super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
+
+    # --- batch preparation ---------------------------------------------------------------------
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
         Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`),
-        so their routing is computed once per batch rather than once per op.
+        so their routing is computed once per batch rather than once per op. The first batch after
+        the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
+        if self._pool_check_pending:
+            self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
@@ -72,6 +133,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
