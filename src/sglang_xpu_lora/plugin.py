@@ -6,8 +6,9 @@ no XPU kernel and registers nothing when the host fails the compatibility check.
 half-way, everything already applied is rolled back (:func:`sglang_xpu_lora.patches.apply_all`), so
 no backend is ever selectable without its hooks. Either way each reason is printed to stderr (SGLang
 has not configured logging yet when plugins run, so log records would be lost) and kept in
-:data:`host_problems` for ``sglang-xpu-lora doctor``. It marks itself loaded only once everything
-applied, so a later call retries; after a success further calls are no-ops.
+:data:`host_problems` for ``sglang-xpu-lora doctor``. It runs once per process: further calls are
+no-ops, also after a failure (SGLang applies queued hooks once, after all plugins ran, so hooks
+queued by a retry would never be applied).
 """
 
 from __future__ import annotations
@@ -16,29 +17,28 @@ import sys
 
 from sglang_xpu_lora.registry import get_registry
 
-_loaded = False
-#: Why the last :func:`load` registered nothing (empty when it registered everything).
+_attempted = False
+#: Why :func:`load` registered nothing (empty when it registered everything).
 host_problems: list[str] = []
 
 
 def load() -> None:
-    """Register every ``sglang.lora_backends`` backend with SGLang and queue the patches."""
-    global _loaded
-    if _loaded:
+    """Register every ``sglang.lora_backends`` backend with SGLang and queue the patches, whole or
+    not at all (see the module docstring)."""
+    global _attempted
+    if _attempted:
         return
+    _attempted = True
     from sglang_xpu_lora import compat, patches
     from sglang_xpu_lora.patches.backend_registry import sglang_backend_names
 
     host_problems[:] = compat.check_host()
     if not host_problems:
         registry = get_registry()
-        registry.load_entrypoints(reserved=sglang_backend_names() - set(registry.specs()))
+        registry.load_entrypoints(reserved=sglang_backend_names())
         try:
             patches.apply_all(registry)
         except patches.PartialApplicationError as exc:
             host_problems.append(f"could not patch SGLang: {exc}")
-        else:
-            _loaded = True
-            return
     for problem in host_problems:
         print(f"[sglang-xpu-lora] not registering LoRA backends: {problem}", file=sys.stderr)

@@ -96,7 +96,7 @@ def test_soak(tiny_artifacts, references, tmp_path):
     port = serving.free_port()
     url = f"http://127.0.0.1:{port}"
     argv = serving.server_argv(tiny_artifacts, SOAK_ADAPTERS, port, max_loras_per_batch=2)
-    tally, cycles, rss = Tally(), [], []
+    tally, cycles, rss, refusals = Tally(), [], [], []
     with serving.running_server(argv, port, serving.cpu_env(), tmp_path / "server.log") as server:
         deadline = time.monotonic() + SOAK_SECONDS
         stop = threading.Event()
@@ -120,11 +120,19 @@ def test_soak(tiny_artifacts, references, tmp_path):
                 if stop.is_set() or time.monotonic() > deadline - 5:
                     return
                 unloaded = serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": name})
+                if not unloaded.get("success", True):
+                    cycles.append((name, unloaded, None))
+                    return
                 time.sleep(0.5)
-                loaded = serving.post_when_drained(
-                    f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(tiny_artifacts[name])}
-                )
-                cycles.append((name, unloaded.get("success", True), loaded.get("success", True)))
+                try:
+                    loaded = serving.post_when_drained(
+                        f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(tiny_artifacts[name])},
+                        timeout=30, refusals=refusals,
+                    )
+                except serving.HTTPStatusError as exc:
+                    cycles.append((name, unloaded, {"success": False, "refusals": refusals[-5:], "error": str(exc)}))
+                    return
+                cycles.append((name, unloaded, loaded))
                 if len(cycles) == len(CYCLED):  # every cycled adapter went round once: the baseline
                     rss.append(serving.process_group_rss(server.pid))
                 time.sleep(1.0)
@@ -147,7 +155,7 @@ def test_soak(tiny_artifacts, references, tmp_path):
     assert tally.wrong == [], summary + f"; first wrong: {tally.wrong[:3]}"
     assert tally.server_errors == [] and tally.other_errors == [], (summary, tally.server_errors[:3], tally.other_errors[:3])
     assert alive, summary
-    assert all(ok_unload and ok_load for _, ok_unload, ok_load in cycles) and len(cycles) >= 2 * len(CYCLED), cycles
+    assert all(load and load.get("success", True) for _, _, load in cycles) and len(cycles) >= 2 * len(CYCLED), cycles
     assert tally.exact >= 50, summary  # the soak really served
     assert len(rss) == 2 and rss[1] - rss[0] <= RSS_TOLERANCE_BYTES, summary
 

@@ -69,7 +69,12 @@ class LoRABackendRegistry:
         """
         self._pm.register(plugin, name=name)
         try:
-            self._pm.check_pending()
+            try:
+                self._pm.check_pending()
+            except pluggy.PluginValidationError as exc:
+                raise pluggy.PluginValidationError(
+                    plugin, f"plugin {name!r}: {exc} (the hook of {ENTRY_POINT_GROUP} is sglang_lora_backends)"
+                ) from exc
             specs = self._specs_of(name)
             for spec in specs:
                 if spec.name in reserved:
