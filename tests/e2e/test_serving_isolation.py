@@ -32,7 +32,7 @@ PROMPTS = ("def main(self):", "import os\nfor path in", "class Foo(object):\n   
 SOAK_ADAPTERS = (*tiny_model.ADAPTER_NAMES, tiny_model.EMBEDDING_ADAPTER.name)  # 4 adapters
 #: Adapters the soak unloads and loads again (same weights) in a loop; requests for them may get
 #: HTTP 400 while they are unloaded, every other answer must be exact.
-CYCLED = ("sql-r8", "emb-head-r8")
+CYCLED = ("sql-r8", "qv-r4")
 SOAK_SECONDS, SOAK_MAX_REQUESTS, SOAK_CLIENTS = 60.0, 2000, 4
 #: Resident memory of the server's processes may grow by at most this much between the end of the
 #: first unload/reload cycle and the end of the soak (allocator caches settle in the first cycle;
@@ -152,6 +152,8 @@ def test_soak(tiny_artifacts, references, tmp_path):
         f"{len(tally.other_errors)} other errors; {len(cycles)} unload/reload cycles; RSS {[r >> 20 for r in rss]} MiB"
     )
     print(summary)
+    for cycle in cycles:
+        print("CYCLE", cycle)
     assert tally.wrong == [], summary + f"; first wrong: {tally.wrong[:3]}"
     assert tally.server_errors == [] and tally.other_errors == [], (summary, tally.server_errors[:3], tally.other_errors[:3])
     assert alive, summary

@@ -6,8 +6,14 @@ The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is
 graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
 pass routing. It overrides every ``run_*`` method, because the inherited Triton kernels read the
 packed (stride ``r``) LoRA-A layout while this backend's pool is max-rank spaced, and Triton does not
-run on CPU. It does no math itself: each call is routed to one op of the selected provider
-(:mod:`sglang_xpu_lora.providers`).
+run on CPU. Each ``run_*`` call is routed to one op of the selected provider
+(:mod:`sglang_xpu_lora.providers`); the only arithmetic here is placing a prefix-partition layer's
+result into its leading output columns (:func:`_onto_leading_columns`).
+
+What this backend does not compute: SGLang runs LoRA on MoE experts and the absorbed-MLA
+``kv_b_proj`` correction itself, with its own Triton kernels, whatever ``SGLANG_XPU_LORA_KERNELS``
+says; :meth:`IntelXpuLoRABackend.validate_lora_targets` names them when a model has them and
+refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.scope`).
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -18,10 +24,14 @@ Routing (``info = self._sgemm_info(...)``):
   ``chunked_sgmv_lora_expand_fwd``.
 * ``run_qkv_lora`` with ``n_slices != 3`` (DeepSeek MLA ``fused_qkv_a_proj_with_mqa``: 2, GDN
   ``in_proj_qkvz``: 4): chunked expand, with ``permutation=None`` for contiguous batches.
+* prefix-partition layers (LoRA on the first output partitions only: Mamba2 ``in_proj``, LFM2
+  ``in_proj``): the same ops over the leading columns of ``base_output``, the others untouched,
+  as SGLang's Triton kernels do.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -29,7 +39,10 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
+from sglang_xpu_lora.backend.scope import outside_lora_math, triton_runs_on
 from sglang_xpu_lora.providers import select_ops, torch_ops
+
+logger = logging.getLogger(__name__)
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
@@ -64,10 +77,29 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     # --- the pool layout this backend's ops need -----------------------------------------------
 
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set) -> None:
-        """SGLang's ``LoRAManager.init_state`` calls this right before it builds the memory pool:
-        from here on, this backend serves only once it has checked that pool
-        (:meth:`_check_memory_pool`, at the first batch or graph set-up)."""
+        """Name the LoRA math SGLang runs itself for these targets, and arm the pool check.
+
+        Called by SGLang's ``LoRAManager.init_state`` before it wraps the layers. LoRA on MoE
+        experts and the absorbed-MLA ``kv_b_proj`` correction never reach this backend's ops
+        (:mod:`sglang_xpu_lora.backend.scope`): they are logged once, so nobody reads
+        ``SGLANG_XPU_LORA_KERNELS`` as covering them, and refused where SGLang's Triton kernels
+        cannot run. The pool is built right after this call; from here on this backend serves only
+        once it has checked that pool (:meth:`_check_memory_pool`, at the first batch or graph
+        set-up).
+
+        Raises:
+            ValueError: LoRA targets SGLang would compute with Triton on a device without Triton.
+        """
         super().validate_lora_targets(base_model, target_modules)
+        outside = outside_lora_math(base_model, target_modules)
+        if outside and not triton_runs_on(self.device):
+            raise ValueError(
+                f"--lora-backend {self.name} on {torch.device(self.device).type}: "
+                f"{'; '.join(outside)}, not in this backend's ops, and Triton does not run on this device. "
+                "Serve on xpu, or use adapters without those target modules."
+            )
+        for what in outside:
+            logger.info("%s: %s, not in this backend's ops (SGLANG_XPU_LORA_KERNELS does not apply)", self.name, what)
         self._pool_check_pending = True
 
     def _check_memory_pool(self) -> None:

@@ -33,6 +33,10 @@ from sglang_xpu_lora.registry import LoRABackendRegistry
 
 #: Attribute set on a ``LoRAMemoryPool`` instance whose backend needs the spaced layout.
 SPACED_LAYOUT_ATTR = "uses_max_rank_spaced_lora_layout"
+#: Stamped on a pool by the load hook, so a pool marked spaced whose loads bypass it is not trusted.
+_RESPACING_ATTR = "_sglang_xpu_lora_loads_respaced"
+#: Attribute through which a backend asks for its manager's pool (``IntelXpuLoRABackend`` declares it).
+BACKEND_POOL_ATTR = "lora_memory_pool"
 
 
 @torch.no_grad()
@@ -63,12 +67,6 @@ def has_spaced_layout(pool) -> bool:
     marked by the ``init_memory_pool`` hook and its loads pass through the re-spacing hook (which
     stamps the pool at its first load: the base slot's, inside ``init_memory_pool``)."""
     return bool(getattr(pool, SPACED_LAYOUT_ATTR, False) and getattr(pool, _RESPACING_ATTR, False))
-
-
-#: Stamped on a pool by the load hook, so a pool marked spaced whose loads bypass it is not trusted.
-_RESPACING_ATTR = "_sglang_xpu_lora_loads_respaced"
-#: Attribute through which a backend asks for its manager's pool (``IntelXpuLoRABackend`` declares it).
-BACKEND_POOL_ATTR = "lora_memory_pool"
 
 
 def _hand_pool_to_backend(manager) -> None:

@@ -9,6 +9,10 @@
 
 Graph mode: inside a CUDA/XPU graph (``batch_info.use_cuda_graph``) a capture-unsafe native op is
 replaced by the portable op (:attr:`OpSelection.graph`), and the substitution is logged once.
+
+Scope: the selection covers the dense LoRA ops of ``IntelXpuLoRABackend``. LoRA on MoE experts and
+the absorbed-MLA ``kv_b_proj`` correction are computed by SGLang's own Triton kernels whatever this
+variable says (:mod:`sglang_xpu_lora.backend.scope`).
 """
 
 from __future__ import annotations
