@@ -9,6 +9,11 @@
   checks, since adapter files with NaN are refused). While it is resident but not requested, and
   after it is unloaded, batches of the other tenants (two adapters and the base model, decoded
   together, so the portable ops take their device routing) must match the reference.
+
+Each test starts its own server (the only two servers of this file): the soak needs 2 slots so that
+every adapter change evicts, the NaN table needs a slot that stays resident but unrequested next to
+a batch of three tenants (4 slots). Measured on the shared 2-core machine under a load average of
+10: 170 s for the soak (60 s of it serving), 91 s for the NaN table, plus the shared references.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ pytestmark = pytest.mark.e2e
 
 PROMPTS = ("def main(self):", "import os\nfor path in", "class Foo(object):\n    def")
 SOAK_ADAPTERS = (*tiny_model.ADAPTER_NAMES, tiny_model.EMBEDDING_ADAPTER.name)  # 4 adapters
-#: Adapters the soak unloads and loads again (same weights) in a loop; requests for them may get
-#: HTTP 400 while they are unloaded, every other answer must be exact.
-CYCLED = ("sql-r8", "qv-r4")
+#: Adapters the soak unloads and loads again (same weights) in a loop. A request naming one while it
+#: is unloaded makes SGLang load it again by itself; the answer must still be exact (HTTP 400 would
+#: be tolerated for these only).
+CYCLED = ("sql-r8", "emb-head-r8")
 SOAK_SECONDS, SOAK_MAX_REQUESTS, SOAK_CLIENTS = 60.0, 2000, 4
 #: Resident memory of the server's processes may grow by at most this much between the end of the
 #: first unload/reload cycle and the end of the soak (allocator caches settle in the first cycle;
@@ -96,7 +102,7 @@ def test_soak(tiny_artifacts, references, tmp_path):
     port = serving.free_port()
     url = f"http://127.0.0.1:{port}"
     argv = serving.server_argv(tiny_artifacts, SOAK_ADAPTERS, port, max_loras_per_batch=2)
-    tally, cycles, rss, refusals = Tally(), [], [], []
+    tally, cycles, rss = Tally(), [], []
     with serving.running_server(argv, port, serving.cpu_env(), tmp_path / "server.log") as server:
         deadline = time.monotonic() + SOAK_SECONDS
         stop = threading.Event()
@@ -127,11 +133,15 @@ def test_soak(tiny_artifacts, references, tmp_path):
                 try:
                     loaded = serving.post_when_drained(
                         f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(tiny_artifacts[name])},
-                        timeout=30, refusals=refusals,
+                        timeout=30,
                     )
                 except serving.HTTPStatusError as exc:
-                    cycles.append((name, unloaded, {"success": False, "refusals": refusals[-5:], "error": str(exc)}))
-                    return
+                    if "already loaded" not in exc.body:
+                        cycles.append((name, unloaded, {"success": False, "error": str(exc)}))
+                        return
+                    # SGLang reloads an unloaded adapter by itself when a request names it
+                    # (TokenizerManager._resolve_lora_path); a client got there first.
+                    loaded = {"success": True, "reloaded_by_a_request": True}
                 cycles.append((name, unloaded, loaded))
                 if len(cycles) == len(CYCLED):  # every cycled adapter went round once: the baseline
                     rss.append(serving.process_group_rss(server.pid))
@@ -148,17 +158,15 @@ def test_soak(tiny_artifacts, references, tmp_path):
         alive = server.poll() is None and healthy(url)
     summary = (
         f"{tally.requests} requests: {tally.exact} exact, {len(tally.wrong)} wrong, "
-        f"{len(tally.server_errors)} 5xx, {tally.refused_while_cycled} refused while unloaded, "
+        f"{len(tally.server_errors)} 5xx, {tally.refused_while_cycled} 400s for cycled adapters, "
         f"{len(tally.other_errors)} other errors; {len(cycles)} unload/reload cycles; RSS {[r >> 20 for r in rss]} MiB"
     )
     print(summary)
-    for cycle in cycles:
-        print("CYCLE", cycle)
     assert tally.wrong == [], summary + f"; first wrong: {tally.wrong[:3]}"
     assert tally.server_errors == [] and tally.other_errors == [], (summary, tally.server_errors[:3], tally.other_errors[:3])
     assert alive, summary
     assert all(load and load.get("success", True) for _, _, load in cycles) and len(cycles) >= 2 * len(CYCLED), cycles
-    assert tally.exact >= 50, summary  # the soak really served
+    assert tally.exact >= 20, summary  # the soak really served (about 50-80 on a loaded 2-core machine)
     assert len(rss) == 2 and rss[1] - rss[0] <= RSS_TOLERANCE_BYTES, summary
 
 

@@ -133,17 +133,15 @@ def post_json(url: str, payload: dict, timeout: float = 120.0) -> dict:
         raise HTTPStatusError(url, exc.code, exc.read().decode(errors="replace")) from None
 
 
-def post_when_drained(url: str, payload: dict, timeout: float = 120.0, refusals: Optional[list] = None) -> dict:
+def post_when_drained(url: str, payload: dict, timeout: float = 120.0) -> dict:
     """:func:`post_json`, retried on HTTP 400 for up to ``timeout`` seconds: SGLang drains an
     unloaded adapter's in-flight requests before its name can be loaded again and answers 400
-    meanwhile; retry as a client would. Each 400 body is appended to ``refusals`` when given."""
+    meanwhile; retry as a client would."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return post_json(url, payload)
         except HTTPStatusError as exc:
-            if refusals is not None:
-                refusals.append(exc.body[:300])
             if exc.status != 400 or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)

@@ -22,6 +22,9 @@ import os
 
 import torch
 
+from sglang_xpu_lora.compat import resolve
+from sglang_xpu_lora.patches import targets
+
 MOE_TARGETS = ("gate_up_proj", "down_proj")
 
 
@@ -32,11 +35,10 @@ def outside_lora_math(base_model: torch.nn.Module, target_modules: set) -> list[
     :param target_modules: SGLang's normalised LoRA target names (``qkv_proj``, ``kv_b_proj``...).
     :returns: one sentence per kind found (empty when the backend computes all of it).
     """
-    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
-
+    fused_moe = resolve(targets.FUSED_MOE)
     found = []
     modules = list(base_model.modules())
-    if all(t in target_modules for t in MOE_TARGETS) and any(isinstance(m, FusedMoE) for m in modules):
+    if all(t in target_modules for t in MOE_TARGETS) and any(isinstance(m, fused_moe) for m in modules):
         found.append(
             "LoRA on MoE experts (gate_up_proj, down_proj of FusedMoE layers) runs in SGLang's Triton "
             "MoE-LoRA kernels (sglang.kernels.ops.lora.moe)"

@@ -28,7 +28,7 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     register_lora_backend = resolve(targets.REGISTER_LORA_BACKEND)
     backends = resolve(targets.LORA_BACKEND_REGISTRY)
     for name in registry.specs():
-        if name in backends:
+        if name in backends:  # the registry refused plugins declaring such names; this catches later ones
             raise ValueError(f"SGLang already has a LoRA backend named {name!r}; not replacing it")
         factory = register_lora_backend(name)(lambda name=name: registry.resolve_class(name))
         undo.push(f"LoRA backend {name!r}", lambda name=name, factory=factory: _unregister(backends, name, factory))
