@@ -110,9 +110,10 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
         :meth:`validate_lora_targets`. The layout is needed when any selected op contracts over
         the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, True unless the selection
-        says otherwise). It is trusted only on proof from both pool hooks: SGLang's
-        ``HookRegistry`` logs a hook it cannot apply and carries on, and the plugin may have been
-        loaded without its hooks (``Engine(lora_backend="intel_xpu")`` skips argparse).
+        says otherwise). It is trusted only on proof from both pool hooks (:func:`has_spaced_layout`):
+        SGLang's ``HookRegistry`` logs a hook it cannot apply and carries on, and
+        ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so nothing else
+        stands between a missing hook and wrong numbers.
 
         Raises:
             RuntimeError: naming what is missing and how to find out why.
