@@ -44,12 +44,13 @@ def queue_hook(target: str, hook: Callable, hook_type: str, undo: UndoStack) -> 
     """Register ``hook`` on ``target`` with SGLang's ``HookRegistry`` behind a switch.
 
     :param target: the dotted ``HookRegistry`` target.
-    :param hook: an ``AROUND`` hook ``hook(original, *args, **kwargs)`` or an ``AFTER`` hook
-        ``hook(result, *args, **kwargs)``.
-    :param hook_type: ``"AROUND"`` or ``"AFTER"``.
+    :param hook: an ``AROUND`` hook ``hook(original, *args, **kwargs)``, an ``AFTER`` hook
+        ``hook(result, *args, **kwargs)`` or a ``BEFORE`` hook ``hook(*args, **kwargs)`` (returning
+        None or new ``(args, kwargs)``), as SGLang's ``HookType`` defines them.
+    :param hook_type: ``"AROUND"``, ``"AFTER"`` or ``"BEFORE"``.
     :param undo: gets the step that turns the switch off (the hook then passes through).
     Raises:
-        ValueError: for another hook type.
+        ValueError: for another hook type (``REPLACE`` cannot pass through).
     """
     hook_registry, hook_types = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
     switch = {"on": True}
@@ -63,8 +64,13 @@ def queue_hook(target: str, hook: Callable, hook_type: str, undo: UndoStack) -> 
         def gated(result, *args, **kwargs):
             return hook(result, *args, **kwargs) if switch["on"] else result
 
+    elif hook_type == "BEFORE":
+
+        def gated(*args, **kwargs):
+            return hook(*args, **kwargs) if switch["on"] else None
+
     else:
-        raise ValueError(f"queue_hook supports AROUND and AFTER hooks, not {hook_type}")
+        raise ValueError(f"queue_hook supports AROUND, AFTER and BEFORE hooks, not {hook_type}")
     gated.__name__ = gated.__qualname__ = getattr(hook, "__name__", "hook")
     hook_registry.register(target, gated, getattr(hook_types, hook_type))
     undo.push(f"the {hook_type} hook on {target}", lambda: switch.update(on=False))
