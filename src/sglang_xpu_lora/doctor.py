@@ -71,6 +71,7 @@ def collect() -> dict[str, Any]:
             report["problems"].append(device_error)
     missing = compat.unresolved_targets() if version else {}
     report["patch_points"] = [{"symbol": target, "found": version is not None and target not in missing} for target in targets.ALL]
+    add_plugin_report(report, host_problems)
     report["problems"].extend(host_problems)
     add_adapter_checks(report)
     report["can_serve"] = not report["problems"]
@@ -120,6 +121,43 @@ def render_ops(ops: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def add_plugin_report(report: dict[str, Any], host_problems: list[str]) -> None:
+    """Add the ``sglang.lora_backends`` side of the report, as this process loaded it.
+
+    ``backends``: one entry per registered backend: ``name``, the entry point (``plugin``) that
+    declared it and the ``distribution`` that ships that entry point (``name version``), so a
+    user can tell which installed package serves ``--lora-backend NAME``. ``plugin_errors``: every
+    ``sglang.lora_backends`` entry point that was skipped, with why (import error, misspelled hook,
+    a name SGLang or another plugin already has), and why sglang-xpu-lora could not patch SGLang
+    (a patch failed and everything was rolled back), which is also a problem: ``intel_xpu`` is
+    then not registered. ``host_problems`` (the compatibility check, reported separately) are not
+    repeated.
+    """
+    from sglang_xpu_lora import plugin
+    from sglang_xpu_lora.registry import get_registry
+
+    registry = get_registry()
+    report["backends"] = [
+        {"name": name, "plugin": registry.owner(name),
+         "distribution": registry.plugin_distributions.get(registry.owner(name), "unknown")}
+        for name in registry.specs()
+    ]
+    own = [problem for problem in plugin.host_problems if problem not in host_problems]
+    report["plugin_errors"] = [f"{ep}: {error}" for ep, error in registry.load_errors.items()]
+    report["plugin_errors"] += [f"sglang-xpu-lora: {problem}" for problem in own]
+    report["problems"].extend(own)
+
+
+def render_plugins(report: dict[str, Any]) -> list[str]:
+    """The lines of :func:`add_plugin_report` for :func:`render`."""
+    lines = ["LoRA backends from sglang.lora_backends (backend: entry point, distribution):"]
+    lines += [f"  {b['name']}: {b['plugin']}, {b['distribution']}" for b in report["backends"]] or ["  none"]
+    if report["plugin_errors"]:
+        lines.append("Plugin load errors:")
+        lines += [f"  - {error}" for error in report["plugin_errors"]]
+    return lines
+
+
 @contextlib.contextmanager
 def _quiet(logger: logging.Logger):
     previous = logger.level
@@ -145,6 +183,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     if "pool_layout" in report:
         lines.append(f"  LoRA pool layout: {report['pool_layout']}")
+    lines += ["", *render_plugins(report)]
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
     lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]

@@ -1,10 +1,14 @@
-"""``sglang.srt.plugins`` entry point: discover LoRA backends and patch SGLang.
+"""``sglang.srt.plugins`` entry point: discover LoRA backends and patch SGLang, whole or not at all.
 
 SGLang calls :func:`load` in every process (launcher, ``Engine``, each scheduler/TP worker,
-detokenizer) from ``sglang.srt.plugins.load_plugins()``, then applies the queued hooks. It is
-idempotent, imports no XPU kernel, and registers nothing when the host fails the compatibility
-check: it prints each reason to stderr instead (SGLang has not configured logging yet when plugins
-run, so log records would be lost).
+detokenizer) from ``sglang.srt.plugins.load_plugins()``, then applies the queued hooks. It imports
+no XPU kernel and registers nothing when the host fails the compatibility check. When a patch fails
+half-way, everything already applied is rolled back (:func:`sglang_xpu_lora.patches.apply_all`), so
+no backend is ever selectable without its hooks. Either way each reason is printed to stderr (SGLang
+has not configured logging yet when plugins run, so log records would be lost) and kept in
+:data:`host_problems` for ``sglang-xpu-lora doctor``. It runs once per process: further calls are
+no-ops, also after a failure (SGLang applies queued hooks once, after all plugins ran, so hooks
+queued by a retry would never be applied).
 """
 
 from __future__ import annotations
@@ -13,24 +17,28 @@ import sys
 
 from sglang_xpu_lora.registry import get_registry
 
-_loaded = False
-#: Why the last :func:`load` registered nothing (empty when it registered).
+_attempted = False
+#: Why :func:`load` registered nothing (empty when it registered everything).
 host_problems: list[str] = []
 
 
 def load() -> None:
-    """Register every ``sglang.lora_backends`` backend with SGLang and queue the patches."""
-    global _loaded
-    if _loaded:
+    """Register every ``sglang.lora_backends`` backend with SGLang and queue the patches, whole or
+    not at all (see the module docstring)."""
+    global _attempted
+    if _attempted:
         return
-    _loaded = True
+    _attempted = True
     from sglang_xpu_lora import compat, patches
+    from sglang_xpu_lora.patches.backend_registry import sglang_backend_names
 
     host_problems[:] = compat.check_host()
-    if host_problems:
-        for problem in host_problems:
-            print(f"[sglang-xpu-lora] not registering LoRA backends: {problem}", file=sys.stderr)
-        return
-    registry = get_registry()
-    registry.load_entrypoints()
-    patches.apply_all(registry)
+    if not host_problems:
+        registry = get_registry()
+        registry.load_entrypoints(reserved=sglang_backend_names())
+        try:
+            patches.apply_all(registry)
+        except patches.PartialApplicationError as exc:
+            host_problems.append(f"could not patch SGLang: {exc}")
+    for problem in host_problems:
+        print(f"[sglang-xpu-lora] not registering LoRA backends: {problem}", file=sys.stderr)

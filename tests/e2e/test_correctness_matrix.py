@@ -118,21 +118,6 @@ def test_dynamic_load_and_unload_through_the_engine_api(provider, run_engine, ti
     assert results[6][(P2, "late-qv")]["output_ids"] == hf_reference(P2, "qv-r4")[1]
 
 
-def load_when_drained(url: str, payload: dict, timeout: float = 120.0) -> dict:
-    """SGLang drains an unloaded adapter's in-flight requests before its name can be reused and
-    answers 400 meanwhile; retry as a client would."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return serving.post_json(url, payload)
-        except serving.HTTPStatusError as exc:
-            if exc.status != 400 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def test_dynamic_load_and_unload_over_http_with_requests_in_flight(provider, tiny_artifacts, tokenizer, hf_reference, tmp_path):
     """While requests for other adapters stream in, unload an adapter and load other weights under
     its name: the in-flight requests keep their references, and the name then serves the new
@@ -158,7 +143,7 @@ def test_dynamic_load_and_unload_over_http_with_requests_in_flight(provider, tin
             futures = [pool.submit(generate, p, lora) for p, lora in requests]
             unloaded = serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": "sql-r8"})
             assert unloaded.get("success", True), unloaded
-            loaded = load_when_drained(f"{url}/load_lora_adapter", {"lora_name": "sql-r8", "lora_path": str(tiny_artifacts["doc-r16"])})
+            loaded = serving.post_when_drained(f"{url}/load_lora_adapter", {"lora_name": "sql-r8", "lora_path": str(tiny_artifacts["doc-r16"])})
             answers = [f.result() for f in futures]
         after = generate(P0, "sql-r8")
     assert unloaded.get("success", True) and loaded.get("success", True), (unloaded, loaded)

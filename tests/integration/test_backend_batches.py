@@ -30,7 +30,7 @@ def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
 
     def make():
         backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
-        backend.use_pool_layout(backend.needs_max_rank_spaced_layout, RANK)  # as the pool patch does
+        backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=RANK)  # as the pool patch hands it over
         return backend
 
     if request.param == "portable":

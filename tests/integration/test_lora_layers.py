@@ -1,7 +1,10 @@
 """Sliced projections through SGLang's real LoRA layer classes with small shapes, for both
 providers, against a float64 reference: MLA's 2-slice ``fused_qkv_a_proj_with_mqa``
 (``ReplicatedLinearWithLoRA``), a gate_up with unequal partitions and GDN's 4-slice ``in_proj_qkvz``
-(``MergedColumnParallelLinearWithLoRA``), q/k/v (``QKVParallelLinearWithLoRA``) and equal gate/up.
+(``MergedColumnParallelLinearWithLoRA``), q/k/v (``QKVParallelLinearWithLoRA``), equal gate/up, and
+SGLang's prefix-partition layers, whose LoRA covers only the first output partitions (Mamba2
+``in_proj``: 2 unequal LoRA slices over 5 partitions; LFM2 ``in_proj``: 2 equal slices over 3): the
+LoRA lands on the leading columns and the others keep the base output exactly.
 
 Only the base layers are stand-ins (the LoRA wrappers read their partition sizes and one
 parameter); the wrappers, SGLang's batch preparation and the backend are real.
@@ -52,12 +55,15 @@ def reference(x, a, b, partitions, slot_of_row, base):
     return lora_reference(x, a, b, partitions, slot_of_row, SCALINGS, RANK, base)
 
 
+#: name -> (wrapper kind, base output partitions, how many of them carry LoRA, prefill B kernel).
 LAYERS = {
-    "mla-2-slices": ("mla", (6, 10), "chunked_sgmv_lora_expand_fwd"),
-    "gate-up-unequal": ("merged", (6, 10), "chunked_sgmv_lora_expand_fwd"),
-    "gdn-4-slices": ("merged", (4, 4, 6, 2), "chunked_sgmv_lora_expand_fwd"),
-    "qkv-3-slices": ("qkv", (8, 4, 4), "qkv_lora_b_fwd"),
-    "gate-up-equal": ("merged", (6, 6), "gate_up_lora_b_fwd"),
+    "mla-2-slices": ("mla", (6, 10), 2, "chunked_sgmv_lora_expand_fwd"),
+    "gate-up-unequal": ("merged", (6, 10), 2, "chunked_sgmv_lora_expand_fwd"),
+    "gdn-4-slices": ("merged", (4, 4, 6, 2), 4, "chunked_sgmv_lora_expand_fwd"),
+    "qkv-3-slices": ("qkv", (8, 4, 4), 3, "qkv_lora_b_fwd"),
+    "gate-up-equal": ("merged", (6, 6), 2, "gate_up_lora_b_fwd"),
+    "mamba2-in-proj-prefix": ("merged", (6, 10, 4, 3, 5), 2, "chunked_sgmv_lora_expand_fwd"),
+    "lfm2-in-proj-prefix": ("merged", (6, 6, 6), 2, "gate_up_lora_b_fwd"),
 }
 
 
@@ -76,7 +82,8 @@ def provider(request, emulate, monkeypatch, sglang_plugins_loaded):
 def test_real_lora_layer(provider, name, mode):
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
-    kind, partitions, prefill_kernel = LAYERS[name]
+    kind, partitions, lora_slices, prefill_kernel = LAYERS[name]
+    lora_partitions = partitions[:lora_slices]
     backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
     if mode == "prefill":
         lens, slots = [3, 0, 4], [1, 0, 2]
@@ -86,13 +93,16 @@ def test_real_lora_layer(provider, name, mode):
         slot_of_row = [2, 1, 2, 0, 1]
         backend.prepare_lora_batch(forward_batch("DECODE", 5), slot_of_row, RANKS, SCALINGS, False)
     layer = build_layer(kind, partitions, backend)
-    a, b = spaced_weights(len(partitions), sum(partitions), seed=len(partitions))
+    a, b = spaced_weights(lora_slices, sum(lora_partitions), seed=len(partitions))
     layer.set_lora_info(a, b)
     x, base = torch.randn(len(slot_of_row), HIDDEN), torch.randn(len(slot_of_row), sum(partitions))
+    expected = base.double().clone()
+    expected[:, : sum(lora_partitions)] = reference(x, a, b, lora_partitions, slot_of_row, base[:, : sum(lora_partitions)])
     if provider is not None:
         provider.clear()
-    out = layer.apply_lora(base, x)
-    torch.testing.assert_close(out.double(), reference(x, a, b, partitions, slot_of_row, base), rtol=1e-5, atol=1e-5)
+    out = layer.apply_lora(base.clone(), x)
+    assert out.shape == base.shape and torch.equal(out[:, sum(lora_partitions):], base[:, sum(lora_partitions):])
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     if provider is not None:  # which native kernel the layer reached
         expected = prefill_kernel if mode == "prefill" else "chunked_sgmv_lora_expand_fwd"
         assert provider[expected] == 1

@@ -157,9 +157,9 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
             LoRAManager.init_memory_pool(manager)
             marks[backend_name] = getattr(manager.memory_pool, SPACED_LAYOUT_ATTR)
             if backend_name == "intel_xpu":
-                told = manager.lora_backend._pool_max_lora_rank
+                handed = manager.lora_backend.lora_memory_pool is manager.memory_pool
     assert marks == {"intel_xpu": intel_xpu_spaced, "torch_native": False}
-    assert told == (MAX_RANK if intel_xpu_spaced else None)  # padding only on the spaced pool
+    assert handed  # the backend reads max_lora_rank from its pool to pad ranks on the spaced layout
 
 
 def reused_slot_qkv(pool_env, spaced: bool, ops, kernel_ranks=None):
@@ -238,3 +238,84 @@ def test_adapter_loads_refresh_the_portable_ops_lora_b_mirrors(pool_env, monkeyp
     assert mirror.data_ptr() == before and torch.equal(mirror, b.transpose(1, 2))
     out = torch_ops.sgemm_lora_b_fwd(mid, b, **meta)
     assert torch.allclose(out, mid[:, :8] @ peft_weight(raw, 0, "o_proj", "B").T, atol=1e-5)
+
+
+@pytest.fixture
+def manager_with_pool(sglang_plugins_loaded, tiny_artifacts):
+    """``build(backend)``: what ``LoRAManager.init_state`` does around the pool, on a stand-in
+    manager: the backend's ``validate_lora_targets``, then SGLang's ``init_memory_pool`` (whatever
+    hooks are applied to it), whose base-slot load goes through the real ``LoRAMemoryPool``."""
+    from sglang.srt.lora.lora_manager import LoRAManager
+    from sglang.srt.runtime_context import get_parallel
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_artifacts["base"])
+    tp1 = dict(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0)
+
+    def build(backend):
+        manager = types.SimpleNamespace(
+            base_hf_config=config, max_loras_per_batch=2, dtype=torch.float32, max_lora_rank=MAX_RANK,
+            target_modules=TARGETS, base_model=BaseModelStub(config), eviction_policy="lru",
+            lora_added_tokens_size=0, experts_shared_outer_loras=False, lora_strict_loading=False,
+            enable_lora_overlap_loading=False, loras={}, lora_refs={}, embed_tokens_module=None, lm_head_module=None,
+            lora_modules=[{} for _ in range(config.num_hidden_layers)], lora_backend=backend,
+        )
+        manager.fetch_new_loras = lambda uids: LoRAManager.fetch_new_loras(manager, uids)
+        manager._notify_lora_slots_updated = lambda slots: None
+        backend.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
+        LoRAManager.init_memory_pool(manager)
+        return manager
+
+    with get_parallel().override(**tp1):
+        yield build
+
+
+def unhook(monkeypatch, cls, method):
+    """Put SGLang's original method back, as if ``HookRegistry`` had failed to apply the hook."""
+    monkeypatch.setattr(cls, method, getattr(cls, method).__wrapped__)
+
+
+@pytest.mark.parametrize("missing", [None, "init_memory_pool", "load_lora_weight_to_buffer"])
+def test_backend_refuses_a_pool_without_the_spaced_layout(manager_with_pool, monkeypatch, missing):
+    """The backend's own check, which does not rely on the plugin's hooks having run: with both
+    pool hooks it serves; with either one not applied it refuses at its first batch, naming why."""
+    from lora_helpers import forward_batch
+    from sglang.srt.lora.lora_manager import LoRAManager
+    from sglang.srt.lora.mem_pool import LoRAMemoryPool
+
+    from sglang.srt.lora.backend.lora_registry import get_backend_from_name
+
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    if missing:
+        unhook(monkeypatch, LoRAManager if missing == "init_memory_pool" else LoRAMemoryPool, missing)
+    backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
+    manager_with_pool(backend)
+
+    def first_batch():
+        backend.prepare_lora_batch(forward_batch("DECODE", 2), [0, 0], [0, 0], [0.0, 0.0], False)
+
+    if missing is None:
+        first_batch()
+        assert backend.batch_info is not None
+        return
+    why = {"init_memory_pool": "hook on LoRAManager.init_memory_pool did not run",
+           "load_lora_weight_to_buffer": "the pool has SGLang's packed layout"}[missing]
+    with pytest.raises(RuntimeError, match=f"--lora-backend intel_xpu refuses to serve: .*{why}"):
+        first_batch()
+    with pytest.raises(RuntimeError, match="refuses to serve"):  # and keeps refusing
+        backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=2, num_tokens_per_req=1)
+
+
+def test_backend_whose_ops_need_no_spacing_serves_on_the_packed_layout(manager_with_pool, monkeypatch):
+    """``needs_max_rank_spaced_layout`` is read from the backend (its op selection decides)."""
+    from lora_helpers import forward_batch
+    from sglang.srt.lora.lora_manager import LoRAManager
+
+    from sglang.srt.lora.backend.lora_registry import get_backend_from_name
+
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    unhook(monkeypatch, LoRAManager, "init_memory_pool")
+    backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
+    backend.needs_max_rank_spaced_layout = False
+    manager_with_pool(backend)
+    backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)

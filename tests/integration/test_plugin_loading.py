@@ -137,6 +137,11 @@ version = "0.0.1"
 
 [project.entry-points."sglang.lora_backends"]
 echo = "echo_lora_backend"
+hijack = "hijack_lora_backend"
+typo = "typo_lora_backend"
+
+[tool.setuptools]
+py-modules = ["echo_lora_backend", "hijack_lora_backend", "typo_lora_backend"]
 """
 
 THROWAWAY_MODULE = '''
@@ -159,11 +164,37 @@ def sglang_lora_backends():
 '''
 
 
+#: Declares SGLang's own ``csgmv``: must be refused, not take over ``--lora-backend csgmv``.
+HIJACK_MODULE = '''
+from sglang_xpu_lora.registry import LoRABackendSpec, hookimpl
+
+
+@hookimpl
+def sglang_lora_backends():
+    from echo_lora_backend import _backend
+    return [LoRABackendSpec(name="csgmv", factory=_backend)]
+'''
+
+#: The hook name misspelled: reported, not silently ignored.
+TYPO_MODULE = '''
+from sglang_xpu_lora.registry import LoRABackendSpec, hookimpl
+
+
+@hookimpl
+def sglang_lora_backend():
+    return []
+'''
+
+
 def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifacts):
+    """A second distribution adds ``echo_native``; its entry points that hijack SGLang's ``csgmv`` or
+    misspell the hook are refused and reported; doctor names each backend's distribution."""
     project = tmp_path / "echo"
     project.mkdir()
     (project / "pyproject.toml").write_text(THROWAWAY_PYPROJECT)
     (project / "echo_lora_backend.py").write_text(THROWAWAY_MODULE)
+    (project / "hijack_lora_backend.py").write_text(HIJACK_MODULE)
+    (project / "typo_lora_backend.py").write_text(TYPO_MODULE)
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(project)],
@@ -176,10 +207,87 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
         from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
         print("CHOICES", sorted(c for c in lora_backend_choices() if c in ("intel_xpu", "echo_native")))
         print("ECHO", get_backend_from_name("echo_native").__name__)
+        print("CSGMV", get_backend_from_name("csgmv").__name__)
+        from sglang_xpu_lora import doctor
+        report = doctor.collect()
+        print("BACKENDS", sorted((b["name"], b["plugin"], b["distribution"]) for b in report["backends"]))
+        print(chr(10).join(doctor.render_plugins(report)))
         """
     ) + PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="echo_native")
     result = run_python(code, env={"PYTHONPATH": str(site)})
     assert "CHOICES ['echo_native', 'intel_xpu']" in result.stdout, result.stderr[-3000:]
     assert "ECHO EchoLoRABackend" in result.stdout
+    assert "CSGMV ChunkedSgmvLoRABackend" in result.stdout
+    assert (
+        "BACKENDS [('echo_native', 'echo', 'echo-lora-backend 0.0.1'), ('intel_xpu', 'intel_xpu', 'sglang-xpu-lora 0.1.0')]"
+        in result.stdout
+    )
+    assert (
+        "  - hijack: ReservedBackendNameError: plugin 'hijack' declares LoRA backend 'csgmv', a name SGLang already has"
+        in result.stdout
+    )
+    assert "  - typo: PluginValidationError: plugin 'typo': unknown hook 'sglang_lora_backend'" in result.stdout
     assert "PARSED echo_native" in result.stdout
 
+
+
+ROLLBACK = """
+from sglang.srt.lora.backend import lora_registry
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang_xpu_lora.patches.cli_choices as cli_choices
+
+events = []
+queue = HookRegistry.register.__func__
+HookRegistry.register = classmethod(lambda cls, target, *a, **k: events.append("hook " + target) or queue(cls, target, *a, **k))
+register_backend = lora_registry.register_lora_backend
+lora_registry.register_lora_backend = lambda name: events.append("backend " + name) or register_backend(name)
+
+def fail(registry, undo):
+    raise RuntimeError("boom")
+
+cli_choices.apply = fail  # the last patch: every other step was taken before it
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_xpu_lora import plugin
+print("EVENTS", events)
+print("SELECTABLE", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS, "intel_xpu" in cli_choices.lora_backend_choices())
+ours = [(t, h) for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if h.__module__.startswith("sglang_xpu_lora")]
+untouched = object()  # our hooks would read attributes of their arguments; passed through, they do not
+print("PASS-THROUGH", [h(lambda *a, **k: "original", untouched) if "check_lora" not in t else h("result", untouched) for t, h in ours])
+plugin.load()
+print("STILL", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
+"""
+
+
+def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
+    """The plugin applies whole or not at all: a patch failing after the others leaves no backend
+    selectable and every queued hook passing straight through, and says what was undone; hooks are
+    queued before any backend is registered."""
+    result = run_python(ROLLBACK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = next(line for line in result.stdout.splitlines() if line.startswith("EVENTS"))
+    adapter_hooks = [  # patches.adapter_checks, queued after mem_pool
+        ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
+        ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter"),
+        ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter"),
+        ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors"),
+        ("BEFORE", "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"),
+    ]
+    hooks = [
+        ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
+        ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"),
+        ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
+        *adapter_hooks,
+    ]
+    assert events == "EVENTS " + repr([f"hook {target}" for _, target in hooks] + ["backend intel_xpu"])
+    undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))
+    assert (
+        "[sglang-xpu-lora] not registering LoRA backends: could not patch SGLang: patch cli_choices failed "
+        f"(RuntimeError: boom); rolled back: undid LoRA backend 'intel_xpu'; {undone}\n"
+    ) in result.stderr
+    assert "SELECTABLE False False" in result.stdout
+    # AFTER hooks return the result, AROUND hooks call the original, BEFORE hooks change nothing.
+    passed = {"AFTER": "result", "AROUND": "original", "BEFORE": None}
+    by_target = sorted(hooks, key=lambda hook: hook[1] != hooks[0][1])  # HookRegistry groups by target
+    assert "PASS-THROUGH " + repr([passed[kind] for kind, _ in by_target]) in result.stdout
+    assert "STILL False" in result.stdout  # a second call does not half-apply again

@@ -83,3 +83,54 @@ def test_intel_xpu_spec_requirements(monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     assert spec.device_error("cpu") is None
     assert spec.device_error("cuda") is None
+
+
+def test_backend_name_the_host_already_has_is_refused():
+    """A plugin may not take over a name SGLang resolves (``triton`` here); the whole plugin is
+    skipped and the next one still registers."""
+    from sglang_xpu_lora.registry import ReservedBackendNameError
+
+    registry = LoRABackendRegistry()
+    hijack = plugin_with(LoRABackendSpec(name="triton", factory=lambda: FakeBackend), LoRABackendSpec(name="mine", factory=lambda: FakeBackend))
+    with pytest.raises(ReservedBackendNameError, match="plugin 'hijack' declares LoRA backend 'triton', a name SGLang already has"):
+        registry.register_plugin(hijack, "hijack", reserved={"triton", "csgmv"})
+    assert registry.specs() == {}
+    registry.register_plugin(plugin_with(LoRABackendSpec(name="mine", factory=lambda: FakeBackend)), "fine", reserved={"triton"})
+    assert list(registry.specs()) == ["mine"] and registry.owner("mine") == "fine"
+
+
+def test_misspelled_hook_implementation_is_reported():
+    """pluggy's ``check_pending``: ``sglang_lora_backend`` (no s) is not a hook of this group."""
+    import pluggy
+
+    module = types.SimpleNamespace()
+
+    @hookimpl
+    def sglang_lora_backend():
+        return [LoRABackendSpec(name="typo", factory=lambda: FakeBackend)]
+
+    module.sglang_lora_backend = sglang_lora_backend
+    registry = LoRABackendRegistry()
+    with pytest.raises(pluggy.PluginValidationError, match="plugin .typo.: unknown hook .sglang_lora_backend. .*the hook of sglang.lora_backends is sglang_lora_backends"):
+        registry.register_plugin(module, "typo")
+    registry.register_plugin(registration, "ours")  # the typo left nothing pending behind
+    assert list(registry.specs()) == ["intel_xpu"]
+
+
+def test_plugin_without_the_hook_is_reported():
+    with pytest.raises(ValueError, match="implements no sglang_lora_backends hook"):
+        LoRABackendRegistry().register_plugin(types.SimpleNamespace(), "empty")
+
+
+def test_entry_point_errors_and_distributions_are_recorded(monkeypatch):
+    dist = types.SimpleNamespace(name="echo-lora-backend", version="0.0.1")
+    hijack = types.SimpleNamespace(
+        name="hijack", value="h", dist=dist, load=lambda: plugin_with(LoRABackendSpec(name="csgmv", factory=lambda: FakeBackend))
+    )
+    ours = types.SimpleNamespace(name="ours", value="x", dist=types.SimpleNamespace(name="sglang-xpu-lora", version="0.1.0"), load=lambda: registration)
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [hijack, ours] if group == "g" else [])
+    registry = LoRABackendRegistry()
+    registry.load_entrypoints("g", reserved={"csgmv"})
+    assert list(registry.specs()) == ["intel_xpu"]
+    assert "a name SGLang already has" in registry.load_errors["hijack"]
+    assert registry.plugin_distributions == {"hijack": "echo-lora-backend 0.0.1", "ours": "sglang-xpu-lora 0.1.0"}

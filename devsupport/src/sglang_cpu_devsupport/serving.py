@@ -54,9 +54,10 @@ def engine_kwargs(paths: dict[str, Path], adapters: Sequence[str], **overrides) 
     }
 
 
-def server_argv(paths: dict[str, Path], adapters: Sequence[str], port: int) -> list[str]:
-    """``python -m sglang.launch_server`` command line equivalent to :func:`engine_kwargs`."""
-    kwargs = engine_kwargs(paths, adapters)
+def server_argv(paths: dict[str, Path], adapters: Sequence[str], port: int, **overrides) -> list[str]:
+    """``python -m sglang.launch_server`` command line equivalent to :func:`engine_kwargs` (with the
+    same ``overrides``)."""
+    kwargs = engine_kwargs(paths, adapters, **overrides)
     argv = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)]
     for key, value in kwargs.items():
         flag = "--" + key.replace("_", "-")
@@ -132,6 +133,20 @@ def post_json(url: str, payload: dict, timeout: float = 120.0) -> dict:
         raise HTTPStatusError(url, exc.code, exc.read().decode(errors="replace")) from None
 
 
+def post_when_drained(url: str, payload: dict, timeout: float = 120.0) -> dict:
+    """:func:`post_json`, retried on HTTP 400 for up to ``timeout`` seconds: SGLang drains an
+    unloaded adapter's in-flight requests before its name can be loaded again and answers 400
+    meanwhile; retry as a client would."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return post_json(url, payload)
+        except HTTPStatusError as exc:
+            if exc.status != 400 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, timeout: float = 240.0) -> Iterator[subprocess.Popen]:
     """Start ``launch_server``, wait until ``/health_generate`` answers, yield the process, and always
@@ -158,6 +173,24 @@ def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, ti
     finally:
         stop_server(proc)
         log.close()
+
+
+def process_group_rss(pgid: int) -> int:
+    """Resident memory, in bytes, of every live process in process group ``pgid`` (the server
+    started by :func:`running_server`: launcher, scheduler, detokenizer), read from ``/proc``."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the command: state, ppid, pgrp, ...
+                continue
+            status = (stat.parent / "status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def stop_server(proc: subprocess.Popen, grace: float = 30.0) -> None:

@@ -6,12 +6,18 @@ The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is
 graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
 pass routing. It overrides every ``run_*`` method to route each call to one op of the provider
 selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLang's own Triton
-kernels, or the portable PyTorch ops. It does no math itself.
+kernels, or the portable PyTorch ops. The only arithmetic here is placing a prefix-partition
+layer's result into its leading output columns (:func:`_onto_leading_columns`).
 
 Pool layout: the native and portable ops need the max-rank-spaced pool; when every selected op is
 Triton (:attr:`needs_max_rank_spaced_layout` False) the pool keeps SGLang's packed layout. On the
 spaced pool the Triton kernels get each active slot's rank padded to ``max_lora_rank``, computed
 once per batch on the device (:meth:`kernel_batch_info`).
+
+What this backend does not compute: SGLang runs LoRA on MoE experts and the absorbed-MLA
+``kv_b_proj`` correction itself, with its own Triton kernels, whatever ``SGLANG_XPU_LORA_KERNELS``
+says; :meth:`IntelXpuLoRABackend.validate_lora_targets` names them when a model has them and
+refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.scope`).
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -22,19 +28,27 @@ Routing (``info = self._sgemm_info(...)``):
   ``chunked_sgmv_lora_expand_fwd``.
 * ``run_qkv_lora`` with ``n_slices != 3`` (DeepSeek MLA ``fused_qkv_a_proj_with_mqa``: 2, GDN
   ``in_proj_qkvz``: 4): chunked expand, with ``permutation=None`` for contiguous batches.
+* prefix-partition layers (LoRA on the first output partitions only: Mamba2 ``in_proj``, LFM2
+  ``in_proj``): the same ops over the leading columns of ``base_output``, the others untouched,
+  as SGLang's Triton kernels do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import logging
+from typing import Callable, Optional
 
 import torch
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
+from sglang_xpu_lora.backend.scope import outside_lora_math
 from sglang_xpu_lora.providers import select_ops, torch_ops, triton_ops
+from sglang_xpu_lora.providers.selection import triton_support
+
+logger = logging.getLogger(__name__)
 
 
 class IntelXpuLoRABackend(TritonLoRABackend):
@@ -65,23 +79,96 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.op_selection = select_ops(device)
         #: Whether the pool must be max-rank spaced (read by the plugin's pool patch).
         self.needs_max_rank_spaced_layout = self.op_selection.needs_max_rank_spaced_layout
-        self._pool_max_lora_rank: Optional[int] = None  # set by use_pool_layout when ranks need padding
         self._padded_ranks: Optional[torch.Tensor] = None  # persistent: captured graphs read its address
         self._kernel_infos: dict = {}  # id(batch info) -> (batch info, its Triton-kernel copy)
+        #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
+        #: plugin's pool hook (:mod:`sglang_xpu_lora.patches.mem_pool`); None until then.
+        self.lora_memory_pool = None
+        self._pool_check_pending = False
 
-    def use_pool_layout(self, spaced: bool, max_lora_rank: int) -> None:
-        """Called by the plugin's pool patch once the pool exists: its layout and ``max_lora_rank``.
+    # --- the pool layout this backend's ops need -----------------------------------------------
 
-        On a spaced pool the Triton kernels get padded ranks (:meth:`kernel_batch_info`).
+    def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set) -> None:
+        """Name the LoRA math SGLang runs itself for these targets, and arm the pool check.
+
+        Called by SGLang's ``LoRAManager.init_state`` before it wraps the layers. LoRA on MoE
+        experts and the absorbed-MLA ``kv_b_proj`` correction never reach this backend's ops
+        (:mod:`sglang_xpu_lora.backend.scope`): they are logged once, so nobody reads
+        ``SGLANG_XPU_LORA_KERNELS`` as covering them, and refused where SGLang's Triton kernels
+        cannot run. The pool is built right after this call; from here on this backend serves only
+        once it has checked that pool (:meth:`_check_memory_pool`, at the first batch or graph
+        set-up).
+
+        Raises:
+            ValueError: LoRA targets SGLang would compute with Triton on a device without Triton.
         """
-        self._pool_max_lora_rank = max_lora_rank if spaced else None
+        super().validate_lora_targets(base_model, target_modules)
+        outside = outside_lora_math(base_model, target_modules)
+        if outside and not triton_support(self.device)[0]:
+            raise ValueError(
+                f"--lora-backend {self.name} on {torch.device(self.device).type}: "
+                f"{'; '.join(outside)}, not in this backend's ops, and Triton does not run on this device. "
+                "Serve on xpu, or use adapters without those target modules."
+            )
+        for what in outside:
+            logger.info("%s: %s, not in this backend's ops (SGLANG_XPU_LORA_KERNELS does not apply)", self.name, what)
+        self._pool_check_pending = True
+
+    def _check_memory_pool(self) -> None:
+        """Refuse to serve on a pool without the layout this backend's ops need.
+
+        The earliest point the pool can be seen from here: SGLang builds the pool after the
+        backend (``LoRAManager.__init__`` -> ``init_state``) and hands it to no backend method, so
+        the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
+        :meth:`validate_lora_targets`. The layout is needed when any selected op contracts over
+        the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, True unless the selection
+        says otherwise). It is trusted only on proof from both pool hooks (:func:`has_spaced_layout`):
+        SGLang's ``HookRegistry`` logs a hook it cannot apply and carries on, and
+        ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so nothing else
+        stands between a missing hook and wrong numbers.
+
+        Raises:
+            RuntimeError: naming what is missing and how to find out why.
+        """
+        from sglang_xpu_lora.patches.mem_pool import has_spaced_layout
+
+        if getattr(self, "needs_max_rank_spaced_layout", True) and not has_spaced_layout(self.lora_memory_pool):
+            if self.lora_memory_pool is None:
+                why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool's layout is unknown"
+            else:
+                why = "the pool has SGLang's packed layout (the plugin's pool hooks did not both run)"
+            raise RuntimeError(
+                f"--lora-backend {self.name} refuses to serve: its LoRA ops need the memory pool's "
+                "stacked LoRA-A spaced at --max-lora-rank with zeroed rank tails, but "
+                f"{why}. Run `sglang-xpu-lora doctor`, and look in the server log for "
+                "'Failed to apply hooks' or '[sglang-xpu-lora]' lines."
+            )
+        self._pool_check_pending = False
+
+    def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
+        """SGLang's Triton decode-graph batch info, after the pool check."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
+        super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
+
+    def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
+        """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
+        the pool check."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
+        super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
+
+    # --- batch preparation ---------------------------------------------------------------------
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
         Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`),
-        so their routing is computed once per batch rather than once per op.
+        so their routing is computed once per batch rather than once per op. The first batch after
+        the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
+        if self._pool_check_pending:
+            self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
@@ -92,6 +179,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
+        if self._pool_check_pending:
+            self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
@@ -109,15 +198,15 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._kernel_infos = {}
         if not self.op_selection.uses_triton or not self.needs_max_rank_spaced_layout:
             return
-        if self._pool_max_lora_rank is None:
+        if self.lora_memory_pool is None:
             raise RuntimeError(
-                "intel_xpu: the LoRA pool's layout is unknown (the plugin's memory-pool patch calls "
-                "use_pool_layout); the Triton kernels cannot be given ranks for a max-rank-spaced pool"
+                "intel_xpu: the LoRA pool is unknown (the plugin's memory-pool patch hands it over); "
+                "the Triton kernels cannot be given ranks for a max-rank-spaced pool"
             )
         if self._padded_ranks is None:
             self._padded_ranks = torch.zeros(self.max_loras_per_batch, dtype=torch.int32, device=self.device)
         ranks = self.batch_info.lora_ranks[: self.max_loras_per_batch]
-        triton_ops.pad_lora_ranks(ranks, self._pool_max_lora_rank, out=self._padded_ranks)
+        triton_ops.pad_lora_ranks(ranks, self.lora_memory_pool.max_lora_rank, out=self._padded_ranks)
         for info in self._batch_infos():
             self._kernel_infos[id(info)] = (info, dataclasses.replace(info, lora_ranks=self._padded_ranks))
 
@@ -306,22 +395,24 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, qkv_lora_a, n_slices, info)
-        if info.permutation is None and n_slices == 3:
-            return self._ops(info).qkv_lora_b_fwd(
-                input_x=lora_a_output,
-                qkv_lora_b=qkv_lora_b,
-                output_offset=output_offset,
-                max_qkv_out_dim=max_qkv_out_dim,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                scalings=info.scalings,
-                base_output=base_output,
-                batch_info=self.kernel_batch_info(info),
-            )
-        return self._chunked_expand(
-            lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base_output
-        )
+
+        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
+            if info.permutation is None and n_slices == 3:
+                return self._ops(info).qkv_lora_b_fwd(
+                    input_x=lora_a_output,
+                    qkv_lora_b=qkv_lora_b,
+                    output_offset=output_offset,
+                    max_qkv_out_dim=max_qkv_out_dim,
+                    seg_indptr=info.seg_indptr,
+                    weight_indices=info.weight_indices,
+                    lora_ranks=info.lora_ranks,
+                    scalings=info.scalings,
+                    base_output=base,
+                    batch_info=self.kernel_batch_info(info),
+                )
+            return self._chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base)
+
+        return _onto_leading_columns(base_output, qkv_lora_b.shape[-2], expand)
 
     def run_gate_up_lora(
         self,
@@ -336,17 +427,43 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         output_dim = gate_up_lora_b.shape[-2] // 2
         info = self._sgemm_info()
         lora_a_output = self._shrink(x, gate_up_lora_a, 2, info)
-        if info.permutation is None:
-            return self._ops(info).gate_up_lora_b_fwd(
-                input_x=lora_a_output,
-                gate_up_lora_b=gate_up_lora_b,
-                output_dim=output_dim,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                scalings=info.scalings,
-                base_output=base_output,
-                batch_info=self.kernel_batch_info(info),
-            )
-        offsets = self._uniform_offsets(2, output_dim, x.device)
-        return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base_output)
+
+        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
+            if info.permutation is None:
+                return self._ops(info).gate_up_lora_b_fwd(
+                    input_x=lora_a_output,
+                    gate_up_lora_b=gate_up_lora_b,
+                    output_dim=output_dim,
+                    seg_indptr=info.seg_indptr,
+                    weight_indices=info.weight_indices,
+                    lora_ranks=info.lora_ranks,
+                    scalings=info.scalings,
+                    base_output=base,
+                    batch_info=self.kernel_batch_info(info),
+                )
+            offsets = self._uniform_offsets(2, output_dim, x.device)
+            return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base)
+
+        return _onto_leading_columns(base_output, gate_up_lora_b.shape[-2], expand)
+
+
+def _onto_leading_columns(
+    base_output: Optional[torch.Tensor], lora_dim: int, expand: Callable[[Optional[torch.Tensor]], torch.Tensor]
+) -> torch.Tensor:
+    """Run ``expand(base)`` for a layer whose LoRA may cover only its first output partitions.
+
+    SGLang's prefix-partition layers (``MergedColumnParallelLinearWithLoRA`` with fewer LoRA slices
+    than base partitions: Mamba2 ``in_proj``, LFM2 ``in_proj``) pass ``base_output`` of shape
+    ``(s, N_total)`` while LoRA-B spans only the first ``lora_dim`` columns. SGLang's Triton kernels
+    (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve them by writing through ``base_output``'s
+    strides: the LoRA delta lands in columns ``[0, lora_dim)`` in place, the other columns pass
+    through, and ``base_output`` is returned. This does the same around ops whose results are new
+    tensors of width ``lora_dim`` (the provider contract): the leading columns are handed to the op
+    as a contiguous ``(s, lora_dim)`` base and its result is copied back into them. Shapes only, no
+    host sync, capture-safe.
+    """
+    if base_output is None or base_output.shape[-1] == lora_dim:
+        return expand(base_output)
+    leading = base_output[:, :lora_dim]
+    leading.copy_(expand(leading.contiguous()))
+    return base_output

@@ -1,12 +1,9 @@
-"""The patch ledger: every change sglang-xpu-lora makes to SGLang, applied in this order.
+"""The patch ledger: every change sglang-xpu-lora makes to SGLang, applied in this order, whole or
+not at all.
 
 =====================  ==========================================================================
 module                 SGLang symbol, why, and when to remove (details in each module's header)
 =====================  ==========================================================================
-backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
-                       make plugin backends resolvable. SGLang's API; permanent.
-cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
-                       backends. Remove when SGLang derives choices from the registry.
 validation             ``arg_groups.lora_hook.check_lora_server_args`` (AFTER): device check
                        naming ``--lora-backend`` and ``--device``. Remove when backends can
                        validate their own arguments.
@@ -21,7 +18,18 @@ adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validat
                        load, tensors finite and shaped for the model, nothing left after a failed
                        load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
                        Remove when SGLang honours every ``LoraConfig`` field itself.
+backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
+                       make plugin backends resolvable. SGLang's API; permanent.
+cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
+                       backends. Remove when SGLang derives choices from the registry.
 =====================  ==========================================================================
+
+Order: every hook is queued before any backend becomes selectable (``Engine(lora_backend=...)``
+resolves through the backend registry without argparse, so a backend registered before its pool
+hook would be usable without it). Whole or not at all: each patch records how to undo every step it
+takes (:mod:`.undo`); when one raises, :func:`apply_all` undoes all steps taken so far and raises
+:class:`PartialApplicationError`. As a last line of defence the backend itself refuses a memory
+pool without the layout its ops need (``IntelXpuLoRABackend`` checks at its first batch).
 
 Not patched, on purpose: graph batch-info sizing. SGLang 0.5.23's ``PrefillCudaGraphRunner`` already
 passes ``max_num_requests=`` to ``init_prefill_cuda_graph_batch_info``, which the backend inherits
@@ -35,12 +43,30 @@ after every general plugin ran.
 from __future__ import annotations
 
 from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, mem_pool, validation
+from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (backend_registry, cli_choices, validation, mem_pool, adapter_checks)
+PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices)
+
+
+class PartialApplicationError(RuntimeError):
+    """A patch failed; every step applied before it was undone. ``undone`` lists those steps."""
+
+    def __init__(self, patch: str, cause: BaseException, undone: list[str]):
+        steps = "; ".join(undone) or "nothing had been applied"
+        super().__init__(f"patch {patch} failed ({type(cause).__name__}: {cause}); rolled back: {steps}")
+        self.patch, self.undone = patch, undone
 
 
 def apply_all(registry: LoRABackendRegistry) -> None:
-    """Register every plugin backend with SGLang and queue the hooks (see the ledger above)."""
+    """Register every plugin backend with SGLang and queue the hooks (see the ledger above).
+
+    Raises:
+        PartialApplicationError: when a patch raised; nothing of any patch is left applied.
+    """
+    undo = UndoStack()
     for patch in PATCHES:
-        patch.apply(registry)
+        try:
+            patch.apply(registry, undo)
+        except Exception as exc:
+            raise PartialApplicationError(patch.__name__.rsplit(".", 1)[-1], exc, undo.unwind()) from exc

@@ -45,6 +45,7 @@ from sglang_xpu_lora.adapters.tensor_checks import (
 )
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 logger = logging.getLogger(__name__)
@@ -137,8 +138,7 @@ def prepare_weights(adapter: Any) -> None:
     adapter.scaling = served_scale(plan)
 
 
-def apply(registry: LoRABackendRegistry) -> None:
-    hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
 
     def after_check_lora_server_args(result, server_args, *args, **kwargs):
         check_lora_paths(server_args)
@@ -164,8 +164,8 @@ def apply(registry: LoRABackendRegistry) -> None:
     def before_normalize_weights(adapter, *args, **kwargs):
         prepare_weights(adapter)
 
-    hook_registry.register(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, hook_type.AFTER)
-    hook_registry.register(targets.LORA_MANAGER_VALIDATE_NEW_ADAPTER, around_validate_new_adapter, hook_type.AROUND)
-    hook_registry.register(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_lora_adapter, hook_type.AROUND)
-    hook_registry.register(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load_lora_adapter, hook_type.AROUND)
-    hook_registry.register(targets.LORA_ADAPTER_NORMALIZE_WEIGHTS, before_normalize_weights, hook_type.BEFORE)
+    queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
+    queue_hook(targets.LORA_MANAGER_VALIDATE_NEW_ADAPTER, around_validate_new_adapter, "AROUND", undo)
+    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_lora_adapter, "AROUND", undo)
+    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load_lora_adapter, "AROUND", undo)
+    queue_hook(targets.LORA_ADAPTER_NORMALIZE_WEIGHTS, before_normalize_weights, "BEFORE", undo)

@@ -11,10 +11,29 @@ from __future__ import annotations
 
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 
-def apply(registry: LoRABackendRegistry) -> None:
+def sglang_backend_names() -> set[str]:
+    """Every ``--lora-backend`` name the host already has before this plugin registers anything:
+    SGLang's backend registry (``triton``, ``csgmv``, ``torch_native``, ``ascend``, ...: whatever
+    this SGLang version ships, plus names other plugins registered directly) and its CLI choices."""
+    from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
+
+    return set(resolve(targets.LORA_BACKEND_REGISTRY)) | set(lora_backend_choices())
+
+
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     register_lora_backend = resolve(targets.REGISTER_LORA_BACKEND)
+    backends = resolve(targets.LORA_BACKEND_REGISTRY)
     for name in registry.specs():
-        register_lora_backend(name)(lambda name=name: registry.resolve_class(name))
+        if name in backends:  # the registry refused plugins declaring such names; this catches later ones
+            raise ValueError(f"SGLang already has a LoRA backend named {name!r}; not replacing it")
+        factory = register_lora_backend(name)(lambda name=name: registry.resolve_class(name))
+        undo.push(f"LoRA backend {name!r}", lambda name=name, factory=factory: _unregister(backends, name, factory))
+
+
+def _unregister(backends: dict, name: str, factory) -> None:
+    if backends.get(name) is factory:
+        del backends[name]

@@ -15,6 +15,7 @@ import typing
 
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 
@@ -27,8 +28,9 @@ def lora_backend_choices() -> list:
     return arg.choices
 
 
-def apply(registry: LoRABackendRegistry) -> None:
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     choices = lora_backend_choices()
     for name in registry.specs():
         if name not in choices:
             choices.append(name)
+            undo.push(f"--lora-backend choice {name!r}", lambda name=name: choices.remove(name))

@@ -7,14 +7,16 @@ Why: SGLang writes stacked dense LoRA-A (qkv, gate_up, ...) packed at stride ``r
     numbers and a reused slot leaks its previous tenant.
 How: ``init_memory_pool`` marks the pool of a manager whose backend needs the spaced layout
     (:func:`needs_spaced_layout`: the backend instance's ``needs_max_rank_spaced_layout``, else its
-    spec's; per manager: speculative decoding may build a second manager with another backend) and
-    tells a backend with ``use_pool_layout`` the layout and ``max_lora_rank``. For a marked pool,
+    spec's; per manager: speculative decoding may build a second manager with another backend). For a marked pool,
     loading an adapter into a slot first zeroes the whole slot (SGLang's
     ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it, then moves
     stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
     (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
     the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
-    the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
+    the loader's stream, so it also holds with ``--enable-lora-overlap-loading``. The pool is then
+    handed to a backend that asks for it (:data:`BACKEND_POOL_ATTR`), which checks
+    :func:`has_spaced_layout` before serving: if either hook did not run (``HookRegistry`` only logs
+    a hook it could not apply), the backend refuses instead of computing on the packed layout.
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
     ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor).
 Remove when: SGLang's pool has a max-rank-spaced layout option for dense modules.
@@ -26,10 +28,15 @@ import torch
 
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 #: Attribute set on a ``LoRAMemoryPool`` instance whose backend needs the spaced layout.
 SPACED_LAYOUT_ATTR = "uses_max_rank_spaced_lora_layout"
+#: Stamped on a pool by the load hook, so a pool marked spaced whose loads bypass it is not trusted.
+_RESPACING_ATTR = "_sglang_xpu_lora_loads_respaced"
+#: Attribute through which a backend asks for its manager's pool (``IntelXpuLoRABackend`` declares it).
+BACKEND_POOL_ATTR = "lora_memory_pool"
 
 
 @torch.no_grad()
@@ -65,25 +72,36 @@ def needs_spaced_layout(registry: LoRABackendRegistry, backend: object) -> bool:
     return bool(getattr(backend, "needs_max_rank_spaced_layout", spec.needs_max_rank_spaced_layout))
 
 
-def apply(registry: LoRABackendRegistry) -> None:
-    hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
+def has_spaced_layout(pool) -> bool:
+    """Whether ``pool`` (a ``LoRAMemoryPool``) has the max-rank-spaced, zero-tailed layout: it was
+    marked by the ``init_memory_pool`` hook and its loads pass through the re-spacing hook (which
+    stamps the pool at its first load: the base slot's, inside ``init_memory_pool``)."""
+    return bool(getattr(pool, SPACED_LAYOUT_ATTR, False) and getattr(pool, _RESPACING_ATTR, False))
 
+
+def _hand_pool_to_backend(manager) -> None:
+    """Give the backend its manager's pool when it asks for it (declares :data:`BACKEND_POOL_ATTR`),
+    so it can refuse a pool without the layout it needs (see ``IntelXpuLoRABackend``)."""
+    if hasattr(manager.lora_backend, BACKEND_POOL_ATTR):
+        setattr(manager.lora_backend, BACKEND_POOL_ATTR, manager.memory_pool)
+
+
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     def around_init_memory_pool(original, manager, *args, **kwargs):
         result = original(manager, *args, **kwargs)
         spaced = needs_spaced_layout(registry, manager.lora_backend)
         setattr(manager.memory_pool, SPACED_LAYOUT_ATTR, spaced)
-        use_pool_layout = getattr(manager.lora_backend, "use_pool_layout", None)
-        if use_pool_layout is not None:
-            use_pool_layout(spaced, manager.memory_pool.max_lora_rank)
         if spaced:
             from sglang_xpu_lora.providers import torch_ops  # lazily: plugin load imports no ops
 
             torch_ops.keep_weight_mirrors()
+        _hand_pool_to_backend(manager)
         return result
 
     def around_load_lora_weight_to_buffer(original, pool, uid, buffer_id, lora_adapter, *args, **kwargs):
         from sglang_xpu_lora.providers import torch_ops
 
+        setattr(pool, _RESPACING_ATTR, True)
         try:
             if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
                 return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
@@ -94,5 +112,5 @@ def apply(registry: LoRABackendRegistry) -> None:
         finally:  # also after a failed load: the mirror follows whatever the slot now holds
             torch_ops.refresh_weight_mirrors(buffer_id)
 
-    hook_registry.register(targets.LORA_MANAGER_INIT_MEMORY_POOL, around_init_memory_pool, hook_type.AROUND)
-    hook_registry.register(targets.POOL_LOAD_WEIGHTS, around_load_lora_weight_to_buffer, hook_type.AROUND)
+    queue_hook(targets.LORA_MANAGER_INIT_MEMORY_POOL, around_init_memory_pool, "AROUND", undo)
+    queue_hook(targets.POOL_LOAD_WEIGHTS, around_load_lora_weight_to_buffer, "AROUND", undo)

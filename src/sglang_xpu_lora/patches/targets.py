@@ -42,6 +42,7 @@ TRITON_SGEMM_INFO = TRITON_BACKEND + "._sgemm_info"
 TRITON_INIT_PREFILL_GRAPH_INFO = TRITON_BACKEND + ".init_prefill_cuda_graph_batch_info"
 TRITON_INIT_DECODE_GRAPH_INFO = TRITON_BACKEND + ".init_decode_cuda_graph_batch_info"
 LORA_BATCH_INFO = "sglang.srt.lora.utils.LoRABatchInfo"
+FUSED_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"  # LoRA on it runs outside the backend
 LORA_BATCH_LAYOUT = "sglang.srt.runtime_context.LoRABatchLayout"
 PREFILL_GRAPH_RUNNER_INIT = (
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.__init__"
@@ -80,6 +81,7 @@ ALL = (
     TRITON_INIT_PREFILL_GRAPH_INFO,
     TRITON_INIT_DECODE_GRAPH_INFO,
     LORA_BATCH_INFO,
+    FUSED_MOE,
     LORA_BATCH_LAYOUT,
     PREFILL_GRAPH_RUNNER_INIT,
     HOOK_REGISTRY,

@@ -16,6 +16,7 @@ from typing import Any
 
 from sglang_xpu_lora.compat import resolve
 from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 
@@ -38,11 +39,9 @@ def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> Non
             raise ValueError(str(exc)) from exc
 
 
-def apply(registry: LoRABackendRegistry) -> None:
-    hook_registry, hook_type = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
-
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     def after_check_lora_server_args(result, server_args, *args, **kwargs):
         check_backend_device(registry, server_args)
         return result
 
-    hook_registry.register(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, hook_type.AFTER)
+    queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)

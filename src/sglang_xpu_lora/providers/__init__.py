@@ -9,6 +9,10 @@ Providers, one module each, all with the seven ops of :mod:`.base`:
 :mod:`.selection` chooses one per op, outside and inside graphs, from ``SGLANG_XPU_LORA_KERNELS``
 (``auto``, ``native``, ``triton``, ``torch``), the installed kernel build and the serving device;
 ``sglang-xpu-lora doctor`` shows the result with the reason for each choice.
+
+Scope: the selection covers the dense LoRA ops of ``IntelXpuLoRABackend``. LoRA on MoE experts and
+the absorbed-MLA ``kv_b_proj`` correction are computed by SGLang's own Triton kernels whatever this
+variable says (:mod:`sglang_xpu_lora.backend.scope`).
 """
 
 from __future__ import annotations

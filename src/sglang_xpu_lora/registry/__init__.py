@@ -5,7 +5,12 @@ from __future__ import annotations
 import functools
 
 from sglang_xpu_lora.registry.hookspecs import hookimpl
-from sglang_xpu_lora.registry.manager import ENTRY_POINT_GROUP, DuplicateBackendError, LoRABackendRegistry
+from sglang_xpu_lora.registry.manager import (
+    ENTRY_POINT_GROUP,
+    DuplicateBackendError,
+    LoRABackendRegistry,
+    ReservedBackendNameError,
+)
 from sglang_xpu_lora.registry.spec import LoRABackendSpec
 
 
@@ -20,6 +25,7 @@ __all__ = [
     "DuplicateBackendError",
     "LoRABackendRegistry",
     "LoRABackendSpec",
+    "ReservedBackendNameError",
     "get_registry",
     "hookimpl",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
-from typing import Optional
+from typing import Collection, Optional
 
 import pluggy
 
@@ -23,11 +23,25 @@ class DuplicateBackendError(ValueError):
         self.names = names
 
 
+class ReservedBackendNameError(ValueError):
+    """A plugin declared a backend name the host already has (e.g. SGLang's ``triton``)."""
+
+    def __init__(self, backend: str, plugin: str):
+        super().__init__(
+            f"plugin {plugin!r} declares LoRA backend {backend!r}, a name SGLang already has; refused, "
+            "so that --lora-backend keeps meaning SGLang's backend (rename the plugin's backend)"
+        )
+        self.backend = backend
+        self.plugin = plugin
+
+
 class LoRABackendRegistry:
     """Backends declared through ``sglang.lora_backends``, by name.
 
-    Entry points are loaded one by one: a plugin that fails to import is reported on stderr with its
-    entry-point name and skipped, and the others still register.
+    Entry points are loaded one by one: a plugin that fails to import, misspells its hook, declares
+    a backend another plugin or the host already has, or returns something other than specs is
+    reported on stderr with its entry-point name, kept in :attr:`load_errors` and skipped; the
+    others still register.
     """
 
     def __init__(self) -> None:
@@ -36,19 +50,35 @@ class LoRABackendRegistry:
         self._name2spec: dict[str, LoRABackendSpec] = {}
         self._name2owner: dict[str, str] = {}
         self._class2spec: dict[type, LoRABackendSpec] = {}
+        #: entry-point name -> why it was skipped
         self.load_errors: dict[str, str] = {}
+        #: entry-point name -> the distribution that declares it (``name version``)
+        self.plugin_distributions: dict[str, str] = {}
 
-    def register_plugin(self, plugin: object, name: str) -> None:
+    def register_plugin(self, plugin: object, name: str, reserved: Collection[str] = ()) -> None:
         """Register one plugin object (module or instance with ``@hookimpl`` functions).
 
+        :param reserved: backend names the plugin may not declare (the host's own backends).
         Raises:
+            pluggy.PluginValidationError: if it implements a hook this group does not specify (a
+                misspelled ``sglang_lora_backends``, found by pluggy's ``check_pending``).
+            ValueError: if it implements no ``sglang_lora_backends`` hook at all.
+            ReservedBackendNameError: if it declares a name in ``reserved``.
             DuplicateBackendError: if it declares a backend name another plugin already declared.
             TypeError: if its hook returns something other than ``LoRABackendSpec`` objects.
         """
         self._pm.register(plugin, name=name)
         try:
+            try:
+                self._pm.check_pending()
+            except pluggy.PluginValidationError as exc:
+                raise pluggy.PluginValidationError(
+                    plugin, f"plugin {name!r}: {exc} (the hook of {ENTRY_POINT_GROUP} is sglang_lora_backends)"
+                ) from exc
             specs = self._specs_of(name)
             for spec in specs:
+                if spec.name in reserved:
+                    raise ReservedBackendNameError(spec.name, name)
                 if spec.name in self._name2owner:
                     raise DuplicateBackendError(spec.name, (self._name2owner[spec.name], name))
         except Exception:
@@ -60,21 +90,32 @@ class LoRABackendRegistry:
 
     def _specs_of(self, plugin_name: str) -> list[LoRABackendSpec]:
         specs: list[LoRABackendSpec] = []
-        for impl in self._pm.hook.sglang_lora_backends.get_hookimpls():
-            if impl.plugin_name == plugin_name:
-                specs.extend(impl.function())
+        impls = [i for i in self._pm.hook.sglang_lora_backends.get_hookimpls() if i.plugin_name == plugin_name]
+        if not impls:
+            raise ValueError(
+                f"plugin {plugin_name!r} implements no sglang_lora_backends hook (decorate it with "
+                "sglang_xpu_lora.registry.hookimpl)"
+            )
+        for impl in impls:
+            specs.extend(impl.function())
         for spec in specs:
             if not isinstance(spec, LoRABackendSpec):
                 raise TypeError(f"plugin {plugin_name!r} returned {spec!r}, not a LoRABackendSpec")
         return specs
 
-    def load_entrypoints(self, group: str = ENTRY_POINT_GROUP) -> None:
-        """Load every entry point of ``group`` not yet registered."""
+    def load_entrypoints(self, group: str = ENTRY_POINT_GROUP, reserved: Collection[str] = ()) -> None:
+        """Load every entry point of ``group`` not yet registered.
+
+        :param reserved: backend names no plugin may declare (see :meth:`register_plugin`).
+        """
         for ep in importlib.metadata.entry_points(group=group):
             if self._pm.has_plugin(ep.name):
                 continue
+            dist = getattr(ep, "dist", None)
+            if dist is not None:
+                self.plugin_distributions[ep.name] = f"{dist.name} {dist.version}"
             try:
-                self.register_plugin(ep.load(), ep.name)
+                self.register_plugin(ep.load(), ep.name, reserved)
             except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the others
                 self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
                 print(
@@ -82,6 +123,10 @@ class LoRABackendRegistry:
                     f"{type(exc).__name__}: {exc}",
                     file=sys.stderr,
                 )
+
+    def owner(self, name: str) -> Optional[str]:
+        """The entry-point (plugin) name that declared backend ``name``, or None."""
+        return self._name2owner.get(name)
 
     def specs(self) -> dict[str, LoRABackendSpec]:
         """Every registered backend, by ``--lora-backend`` name."""
