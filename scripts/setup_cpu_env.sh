@@ -43,7 +43,7 @@ step() {
     exit 1
   fi
 }
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check --progress-bar off "$@"; }
+pip() { PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off "$VENV/bin/python" -m pip "$@"; }
 constraints="$VENV/constraints.txt"
 echo "torch==$TORCH_VERSION" >"$constraints"
 
