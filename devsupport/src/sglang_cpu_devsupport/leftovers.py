@@ -15,7 +15,12 @@ those processes would do never runs, and nothing else does it:
   "resource_tracker: process died unexpectedly", and the new tracker prints a ``KeyError``
   traceback for a name it never registered (after the example's final "OK").
 
-:func:`shutdown_engine` and :func:`server_files` / :func:`remove` undo exactly these, by name.
+- tqdm makes a multiprocessing lock (a named POSIX semaphore, ``/dev/shm/sem.mp-*``) in every
+  process that shows a progress bar, SGLang's scheduler included; killed, it never unlinks it.
+
+:func:`shutdown_engine` and :func:`server_files` / :func:`remove` undo the first three by name;
+:func:`register` (an ``sglang.srt.plugins`` entry point, so it runs in every SGLang process)
+prevents the last.
 """
 
 from __future__ import annotations
@@ -94,3 +99,11 @@ def shutdown_engine(engine) -> None:
         if port_args is not None:
             remove(engine_files(port_args))
 
+
+def register() -> None:
+    """``sglang.srt.plugins`` entry point: tqdm progress bars in this process serialise on a thread
+    lock only, so no multiprocessing semaphore is left behind when SGLang kills the process."""
+    from tqdm.std import TqdmDefaultWriteLock
+
+    if not hasattr(TqdmDefaultWriteLock, "mp_lock"):
+        TqdmDefaultWriteLock.mp_lock = None
