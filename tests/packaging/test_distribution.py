@@ -11,7 +11,8 @@ without build isolation, with the environment's setuptools, as distributions bui
 - the wheel, installed with ``--no-deps --no-index`` into a fresh virtual environment that sees this
   environment's torch, SGLang and test stack but neither this checkout nor ``devsupport``, is what
   the non-e2e tests of the unpacked sdist import, and those tests pass there with networking off
-  (a network namespace; only loopback is up) and ``devsupport/src`` on ``PYTHONPATH``.
+  (a network namespace; only loopback is up) and the sdist's ``devsupport`` installed into a
+  directory named on ``PYTHONPATH`` (for the tests only).
 
 Marked ``e2e``, so ``-m "not e2e"`` (and the nested run itself) skips it.
 """
@@ -153,23 +154,31 @@ def fresh_python(dist, tmp_path_factory) -> Path:
 def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path):
     _, _, unpacked, _ = dist
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_XPU_LORA", "PYTHON"))}
-    env.update(SGLANG_USE_CPU_ENGINE="1", PYTHONPATH="devsupport/src", TMPDIR=str(tmp_path))
+    env.update(SGLANG_USE_CPU_ENGINE="1", TMPDIR=str(tmp_path))
     env["PATH"] = f"{fresh_python.parent}{os.pathsep}{env.get('PATH', '')}"
     offline = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if can_unshare() else []
     if not offline:
         warnings.warn("networking is NOT turned off for the sdist's tests: a network namespace needs root and unshare")
 
+    # The dev shims go to a directory named on PYTHONPATH for the tests only (with their entry
+    # points: SGLang finds the CPU shims through them), never into the environment.
+    devsupport = tmp_path / "devsupport"
+    run([*offline, fresh_python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
+         "--disable-pip-version-check", "-q", "--target", devsupport, "./devsupport"], cwd=unpacked, env=env, timeout=300)
+    env["PYTHONPATH"] = str(devsupport)
     probe = run(
         [*offline, fresh_python, "-c",
          "import importlib.metadata as m, sglang_xpu_lora, sgl_kernel, urllib.request as u\n"
          "print(sglang_xpu_lora.__file__)\n"
+         "print(sgl_kernel.__file__)\n"
          "print(sorted(ep.name for ep in m.entry_points(group='sglang.srt.plugins')))\n"
          "try:\n    u.urlopen('https://pypi.org', timeout=5)\nexcept OSError as e:\n    print('offline', type(e).__name__)\n"],
         cwd=unpacked, env=env, timeout=120,
     ).stdout.splitlines()
     assert probe[0].startswith(str(fresh_python.parents[1])), probe  # the wheel, not this checkout
-    assert probe[1] == "['intel_xpu_lora']", probe  # devsupport is not installed
-    assert probe[2].startswith("offline") or not offline, probe
+    assert probe[1].startswith(str(devsupport)), probe  # the stub, from the tests' directory only
+    assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'no_leftovers', 'sgl_kernel_emulator']", probe
+    assert probe[3].startswith("offline") or not offline, probe
 
     log = tmp_path / "pytest.log"
     with open(log, "w") as out:

@@ -13,8 +13,7 @@ those processes would do never runs, and nothing else does it:
   at exit and kills the tracker relaunched since. The semaphores that process still owns (tqdm's
   lock, for one) are then untracked: releasing one at exit relaunches the tracker with
   "resource_tracker: process died unexpectedly", and the new tracker prints a ``KeyError``
-  traceback for a name it never registered (after the example's final "OK").
-
+  traceback for a name it never registered (after the example's final "OK");
 - tqdm makes a multiprocessing lock (a named POSIX semaphore, ``/dev/shm/sem.mp-*``) in every
   process that shows a progress bar, SGLang's scheduler included; killed, it never unlinks it.
 
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 from pathlib import Path
 from typing import Iterable
 
