@@ -73,9 +73,11 @@ def test_bench_serving_script_on_cpu(tiny_artifacts, tmp_path):
         ["bash", str(REPO / "examples" / "xpu" / "bench_serving.sh")], env, tmp_path / "tmp", timeout=900
     )
     assert result.returncode == 0, result.stdout[-4000:]
-    assert "OK: --lora-backend intel_xpu can serve on this machine." in result.stdout  # doctor ran first
+    server_log = (out / "intel_xpu-server.log").read_text()
+    assert "OK: --lora-backend intel_xpu can serve on this machine." in server_log  # doctor ran first
     for backend in ("intel_xpu", "torch_native"):
         report = json.loads((out / f"{backend}-decode.jsonl").read_text().splitlines()[-1])
         assert report["completed"] == 8, (backend, report)
         assert f"| {backend} | decode | 8 |" in result.stdout
+        assert f"'lora_backend': '{backend}'" in (out / f"{backend}-server.log").read_text()  # SGLang logs its arguments
     assert left == [], f"the benchmark left {left} behind"
