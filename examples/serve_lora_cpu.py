@@ -101,7 +101,7 @@ def main() -> int:
             failures.append(f"{label}: Δ={delta:.2e}, tokens identical={same}")
 
     if args.skip_server:
-        progress("skipping launch_server (--skip-server)")
+        progress("skipping sglang serve (--skip-server)")
     else:
         port = serving.free_port()
         progress(f"starting sglang serve on 127.0.0.1:{port}")
