@@ -9,13 +9,20 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
+
+#: SGLang's ``sglang`` console script, run through its entry point (so that it works wherever SGLang
+#: is importable, also where the script itself is not next to this interpreter).
+SGLANG_CLI = (
+    "import sys; from importlib.metadata import entry_points; "
+    "(ep,) = entry_points(group='console_scripts', name='sglang'); sys.argv[0] = 'sglang'; sys.exit(ep.load()())"
+)
 
 
 def test_sglang_serve_help_is_printed_before_plugins_load():
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    sglang = Path(sys.executable).parent / "sglang"
-    result = subprocess.run([str(sglang), "serve", "--help"], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SGLANG_CLI, "serve", "--help"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     choices = re.search(r"--lora-backend \{([^}]*)\}", result.stdout)
     assert choices, result.stdout[-2000:]
