@@ -33,7 +33,7 @@ def adapters(count: int):
 def run_backend(backend: str, paths, names, workload, repeats, quick) -> list[float]:
     import sglang
 
-    from sglang_cpu_devsupport import serving
+    from sglang_cpu_devsupport import leftovers, serving
 
     requests, prompt_len, output_len = workload
     if quick:
@@ -53,7 +53,7 @@ def run_backend(backend: str, paths, names, workload, repeats, quick) -> list[fl
             rates.append(requests * (prompt_len + output_len if output_len < 16 else output_len) / elapsed)
         return rates
     finally:
-        engine.shutdown()
+        leftovers.shutdown_engine(engine)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -1,15 +1,18 @@
-"""Main job: a real SGLang engine serving LoRA adapters through ``--lora-backend intel_xpu`` on CPU.
+"""CPU demo: a real SGLang engine and server serving LoRA adapters through --lora-backend intel_xpu.
 
-1. builds a tiny Llama model, its tokenizer and three PEFT LoRA adapters (ranks 4, 8, 16, all below
-   ``--max-lora-rank 32``, nonzero B) locally;
-2. serves them with ``sglang.Engine(..., lora_backend="intel_xpu")`` (portable kernels), one mixed
-   batch of base + every adapter, and prints each completion;
-3. compares first-token log-probs over the whole vocabulary and 16 greedy tokens with
-   transformers + PEFT;
-4. starts ``python -m sglang.launch_server`` on 127.0.0.1, checks ``/generate`` and
-   ``/v1/completions`` against the engine's tokens, and stops the server by its PID.
+1. Builds a tiny Llama model, its tokenizer and three PEFT LoRA adapters (ranks 4, 8 and 16, all
+   below --max-lora-rank 32) locally; nothing is downloaded.
+2. Serves one mixed batch (the base model and every adapter) with
+   sglang.Engine(..., lora_backend="intel_xpu") on the portable PyTorch kernels, and prints each
+   completion.
+3. Compares the first token's log-probabilities over the whole vocabulary and 16 greedy tokens with
+   Hugging Face transformers + PEFT.
+4. Starts "sglang serve" on 127.0.0.1, checks /generate and /v1/completions against the engine's
+   tokens, and stops the server.
 
-Exit status 0 when every check passes. Run: ``bash scripts/run_example.sh`` (sets up ``.venv`` first).
+The exit status is 0 when every check passes. The completions are gibberish on purpose (the model
+is tiny and random): what matters is that they equal the reference token for token.
+Run it with: bash scripts/run_example.sh (which sets up the environment first).
 """
 
 from __future__ import annotations
@@ -21,10 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_cpu_devsupport import serving, tiny_model
-
 PROMPT = "def main(self):"
-MAX_NEW_TOKENS = serving.GREEDY_TOKENS
 LOGPROB_TOLERANCE = 1e-4  # float32 engine vs float32 transformers, same weights
 
 
@@ -41,10 +41,17 @@ class Progress:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="where the model and adapters are built")
-    parser.add_argument("--skip-server", action="store_true", help="skip the launch_server part")
+    parser = argparse.ArgumentParser(
+        prog="run_example.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="where the model and adapters are built (default: artifacts)")
+    parser.add_argument("--skip-server", action="store_true", help="skip the sglang serve part")
     args = parser.parse_args()
+
+    # Imported after parsing, so that --help works without the environment.
+    from sglang_cpu_devsupport import leftovers, serving, tiny_model
+
+    max_new_tokens = serving.GREEDY_TOKENS
     os.environ.update(serving.cpu_env("torch"))
 
     progress = Progress(total=5)
@@ -67,23 +74,23 @@ def main() -> int:
     # for Ctrl-C, and the server is started in its own process group).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        progress(f"one mixed batch: base + {len(adapters)} adapters, {MAX_NEW_TOKENS} greedy tokens each")
+        progress(f"one mixed batch: base + {len(adapters)} adapters, {max_new_tokens} greedy tokens each")
         outputs = engine.generate(
             input_ids=[input_ids] * len(loras),
             lora_path=loras,
-            sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
             return_logprob=True,
             top_logprobs_num=tiny_model.VOCAB_SIZE,
         )
     finally:
-        engine.shutdown()
+        leftovers.shutdown_engine(engine)  # also removes the files SGLang leaves behind
     engine_tokens = {lora: out["output_ids"] for lora, out in zip(loras, outputs)}
 
     failures = []
     for lora, out in zip(loras, outputs):
         label = lora or "base"
         ref_logprobs, ref_tokens = serving.hf_reference(
-            paths["base"], paths[lora] if lora else None, input_ids, MAX_NEW_TOKENS
+            paths["base"], paths[lora] if lora else None, input_ids, max_new_tokens
         )
         got = serving.first_token_logprobs(out["meta_info"], tiny_model.VOCAB_SIZE)
         delta = float((got - ref_logprobs).abs().max())
@@ -94,16 +101,16 @@ def main() -> int:
             failures.append(f"{label}: Δ={delta:.2e}, tokens identical={same}")
 
     if args.skip_server:
-        progress("skipping launch_server (--skip-server)")
+        progress("skipping sglang serve (--skip-server)")
     else:
         port = serving.free_port()
-        progress(f"starting python -m sglang.launch_server on 127.0.0.1:{port}")
+        progress(f"starting sglang serve on 127.0.0.1:{port}")
         argv = serving.server_argv(paths, adapters, port)
-        log_path = args.artifacts / "launch_server.log"
+        log_path = args.artifacts / "sglang_serve.log"
         with serving.running_server(argv, port, serving.cpu_env("torch"), log_path) as proc:
             progress.note(f"server ready (pid {proc.pid}); sending /generate and /v1/completions")
             base_url = f"http://127.0.0.1:{port}"
-            params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+            params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
             generated = serving.post_json(
                 f"{base_url}/generate",
                 {"input_ids": [input_ids] * len(loras), "lora_path": loras, "sampling_params": params},
@@ -116,7 +123,7 @@ def main() -> int:
             for lora in adapters:
                 completion = serving.post_json(
                     f"{base_url}/v1/completions",
-                    {"model": f"tiny-llama:{lora}", "prompt": PROMPT, "max_tokens": MAX_NEW_TOKENS,
+                    {"model": f"tiny-llama:{lora}", "prompt": PROMPT, "max_tokens": max_new_tokens,
                      "temperature": 0.0, "ignore_eos": True},
                 )
                 expected = tokenizer.decode(engine_tokens[lora])

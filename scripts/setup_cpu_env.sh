@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Build the development/CI environment from scratch in ./.venv (idempotent: a completed build is
-# reused when none of the requirement files changed). Installs the host stack the product wheel
-# never installs itself: torch, SGLang 0.5.23 (--no-deps: its metadata pins the CUDA sgl-kernel
-# wheel) with the dependencies its CPU path needs, the dev-support shims, this package, and the
-# test/reference stack (pytest, transformers, peft).
+# Build the development/CI environment from scratch in ./.venv, or in $SGLANG_XPU_LORA_VENV
+# (idempotent: a completed build is reused when none of the requirement files changed). Installs the
+# host stack the product wheel never installs itself: torch, SGLang 0.5.23 (--no-deps: its metadata
+# pins the CUDA sgl-kernel wheel) with the dependencies its CPU path needs, the dev-support shims,
+# this package, and the test/reference stack (pytest, transformers, peft).
+#
+# Prints one line per step with its duration; pip's own output (including its expected notes about
+# SGLang dependencies that are deliberately not installed) goes to $VENV/setup.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${SGLANG_XPU_LORA_VENV:-.venv}
@@ -17,23 +20,40 @@ if [ -f "$VENV/.setup-complete" ] && [ "$(cat "$VENV/.setup-complete")" = "$stam
   exit 0
 fi
 
-echo "[setup] creating $VENV with $PY"
 rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-# pip, minus this machine's notes about absent local index folders.
-pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
-constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
+mkdir -p "$VENV"
+LOG="$VENV/setup.log"
+: >"$LOG"
+setup_start=$SECONDS
+
+# step LABEL COMMAND...: run COMMAND with its output in $LOG; one line with the step's duration, or
+# the log's tail and path on failure.
+step() {
+  local label=$1 start=$SECONDS
+  shift
+  printf '[setup] %-62s' "$label"
+  echo "=== $label: $*" >>"$LOG"
+  if "$@" >>"$LOG" 2>&1; then
+    printf '%4d s\n' $((SECONDS - start))
+  else
+    printf 'FAILED after %d s\n' $((SECONDS - start))
+    echo "[setup] last lines of $LOG:" >&2
+    tail -n 25 "$LOG" >&2
+    echo "[setup] failed; the full output is in $LOG" >&2
+    exit 1
+  fi
+}
+pip() { PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off "$VENV/bin/python" -m pip "$@"; }
+constraints="$VENV/constraints.txt"
 echo "torch==$TORCH_VERSION" >"$constraints"
 
-echo "[setup] 1/4 torch $TORCH_VERSION"
-pip install -q "torch==$TORCH_VERSION"
-echo "[setup] 2/4 sglang $SGLANG_VERSION (--no-deps) and its CPU-path dependencies"
-pip install -q --no-deps "sglang==$SGLANG_VERSION"
-pip install -q -c "$constraints" -r requirements/sglang-0.5.23-cpu.txt
-echo "[setup] 3/4 dev-support shims, sglang-xpu-lora (editable)"
-pip install -q -c "$constraints" -e devsupport -e .
-echo "[setup] 4/4 test and reference stack"
-pip install -q -c "$constraints" -r requirements/test.txt
+echo "[setup] building $VENV (pip output: $LOG)"
+step "0/4 virtual environment ($PY)" "$PY" -m venv "$VENV"
+step "1/4 torch $TORCH_VERSION" pip install "torch==$TORCH_VERSION"
+step "2/4 sglang $SGLANG_VERSION (--no-deps)" pip install --no-deps "sglang==$SGLANG_VERSION"
+step "    sglang's CPU-path dependencies" pip install -c "$constraints" -r requirements/sglang-0.5.23-cpu.txt
+step "3/4 dev-support shims, sglang-xpu-lora (editable)" pip install -c "$constraints" -e devsupport -e .
+step "4/4 test and reference stack" pip install -c "$constraints" -r requirements/test.txt
 echo "$stamp_inputs" >"$VENV/.setup-complete"
-echo "[setup] done: $("$VENV/bin/python" -c 'import torch, sglang, transformers, peft; print(f"torch {torch.__version__}, sglang {sglang.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")')"
+versions=$("$VENV/bin/python" -c 'import torch, sglang, transformers, peft; print(f"torch {torch.__version__}, sglang {sglang.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")')
+echo "[setup] done in $((SECONDS - setup_start)) s: $versions"

@@ -13,8 +13,10 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-#: SGLang releases this plugin is tested against (CI pins 0.5.23).
-SUPPORTED_SGLANG = SpecifierSet(">=0.5.23,<0.5.24")
+#: SGLang releases this plugin is tested against (CI pins 0.5.23), written lower bound first
+#: (``str(SpecifierSet)`` would sort it as ``<0.5.24,>=0.5.23``).
+SUPPORTED_SGLANG_RANGE = ">=0.5.23,<0.5.24"
+SUPPORTED_SGLANG = SpecifierSet(SUPPORTED_SGLANG_RANGE)
 
 
 def resolve(target: str) -> Any:
@@ -60,7 +62,7 @@ def check_host() -> list[str]:
         return ["SGLang is not installed: install sglang (0.5.23) before sglang-xpu-lora"]
     if version not in SUPPORTED_SGLANG:
         return [
-            f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG}: install sglang==0.5.23 "
+            f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG_RANGE}: install sglang==0.5.23 "
             "or a sglang-xpu-lora release that supports this SGLang"
         ]
     unresolved = unresolved_targets()

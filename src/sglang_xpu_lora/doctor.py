@@ -2,18 +2,23 @@
 
 Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
 provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why,
-the LoRA pool layout that follows, and whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1 otherwise. ``--json``
-prints the same report as one JSON object.
+the LoRA pool layout that follows, the ``sglang.lora_backends`` plugins and their distributions, and
+whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1
+otherwise. ``--json`` prints the same report as one JSON object. Without torch or SGLang it says
+what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the plugin
+version.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
 import sys
+import warnings
 from typing import Any, Optional, Sequence
 
 
@@ -45,7 +50,7 @@ def collect() -> dict[str, Any]:
     report: dict[str, Any] = {
         "plugin": __version__,
         "sglang": str(version) if version else None,
-        "sglang_supported": str(compat.SUPPORTED_SGLANG),
+        "sglang_supported": compat.SUPPORTED_SGLANG_RANGE,
         "torch": torch.__version__,
         "kernel_build": native.kernel_build()[1],
         "xpu_visible": xpu_visible,
@@ -168,6 +173,46 @@ def _quiet(logger: logging.Logger):
         logger.setLevel(previous)
 
 
+def missing_host_packages() -> list[str]:
+    """Why this interpreter lacks what ``doctor`` inspects (torch, SGLang), as sentences; empty when
+    both are importable. Never raises: a broken torch install is reported with its import error."""
+    problems = []
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch":
+            problems.append("torch is not installed")
+        else:
+            problems.append(f"torch cannot be imported ({type(exc).__name__}: {exc})")
+    if importlib.util.find_spec("sglang") is None:
+        problems.append("SGLang is not installed")
+    return problems
+
+
+def render_missing_host(problems: Sequence[str]) -> str:
+    """The text ``doctor`` prints instead of a report when :func:`missing_host_packages` found some."""
+    from sglang_xpu_lora import __version__, compat
+
+    return "\n".join(
+        [f"sglang-xpu-lora {__version__} cannot check this Python ({sys.executable}):"]
+        + [f"  - {problem}" for problem in problems]
+        + [
+            f"Install the XPU build of torch and SGLang {compat.SUPPORTED_SGLANG_RANGE} into this environment "
+            "first (README, Prerequisites), then run `sglang-xpu-lora doctor` again."
+        ]
+    )
+
+
+@contextlib.contextmanager
+def quiet_host_imports():
+    """Hide what SGLang, Triton and torch print while their modules are imported and do not concern
+    LoRA (SGLang's "Only CUDA, HIP and XPU support AWQ currently", its GGUF note, Triton's backend
+    notes): warnings from their modules, and SGLang log records below ERROR."""
+    with warnings.catch_warnings(), _quiet(logging.getLogger("sglang")):
+        warnings.filterwarnings("ignore", module=r"(sglang|triton|torch)(\.|$)")
+        yield
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as text for a person."""
     lines = [
@@ -199,12 +244,23 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console script ``sglang-xpu-lora``; returns the exit status."""
+    from sglang_xpu_lora import __version__
+
     parser = argparse.ArgumentParser(prog="sglang-xpu-lora", description="sglang-xpu-lora tools")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check whether this machine can serve --lora-backend intel_xpu")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    report = collect()
+    missing = missing_host_packages()
+    if missing:
+        if args.json:
+            print(json.dumps({"plugin": __version__, "can_serve": False, "problems": missing}, indent=2))
+        else:
+            print(render_missing_host(missing))
+        return 1
+    with quiet_host_imports():
+        report = collect()
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0 if report["can_serve"] else 1
 

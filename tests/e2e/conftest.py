@@ -1,15 +1,15 @@
-"""Shared end-to-end machinery: the tokenizer, a cached transformers + PEFT reference, and a runner
-that serves batches through a real engine in a fresh process."""
+"""Shared end-to-end machinery: the tokenizer, a cached transformers + PEFT reference, a runner that
+serves batches through a real engine in a fresh process, and runs that must leave nothing behind."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from sandbox import run_leaving_nothing
 
 from sglang_cpu_devsupport import kernel_emulator, serving, tiny_model
 
@@ -44,7 +44,8 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
     ``{"load": {...}}`` / ``{"unload": {...}}`` action (see ``sglang_cpu_devsupport.engine_batch``).
 
     Returns ``(results, kernels)``: per round, a dict ``(prompt, lora) -> output`` (the action's
-    response for an action); and the set of emulated sgl-kernel-xpu kernels that ran.
+    response for an action); and the set of emulated sgl-kernel-xpu kernels that ran. Every run is
+    checked to leave nothing in ``/dev/shm`` or its ``$TMPDIR`` (see :func:`run_leaving_nothing`).
     """
 
     def run(name, rounds, env, engine=None, adapters=ADAPTERS):
@@ -65,11 +66,12 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
         log = work / "kernel_calls.log"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
         child_env.update(serving.cpu_env(), **env, **{kernel_emulator.LOG_ENV: str(log)})
-        result = subprocess.run(
+        result, left = run_leaving_nothing(
             [sys.executable, "-m", "sglang_cpu_devsupport.engine_batch", str(work / "request.json"), str(work / "result.json")],
-            env=child_env, capture_output=True, text=True, timeout=900,
+            child_env, work / "tmp", timeout=900,
         )
-        assert result.returncode == 0, result.stderr[-4000:]
+        assert result.returncode == 0, result.stdout[-4000:]
+        assert left == [], f"the engine run left {left} behind"
         outputs = json.loads((work / "result.json").read_text())
         kernels = set(log.read_text().split()) if log.exists() else set()
         results = [out if isinstance(batch, dict) else dict(zip(batch, out)) for batch, out in zip(rounds, outputs)]

@@ -6,6 +6,7 @@ float32 end to end with ``--max-lora-rank 32`` above every adapter's rank (4, 8,
 log-probs over the whole vocabulary agree within 1e-4 (observed ~3e-6: the same math in another
 summation order) and 16 greedy tokens are identical, for the base model and every adapter in one
 mixed batch. Without the pool patch the ranks below the maximum would give visibly wrong numbers.
+A server started with ``sglang serve`` returns the same tokens over HTTP.
 Each configuration runs in its own process (``sglang_cpu_devsupport.engine_batch``); with an
 emulated build, every kernel call is logged, so the test asserts which ops ran natively.
 """
@@ -18,7 +19,7 @@ import subprocess
 import pytest
 import torch
 
-from sglang_cpu_devsupport import kernel_emulator, serving, tiny_model
+from sglang_cpu_devsupport import kernel_emulator, leftovers, serving, tiny_model
 
 ADAPTERS = list(tiny_model.ADAPTER_NAMES)
 MAX_NEW_TOKENS = serving.GREEDY_TOKENS
@@ -85,15 +86,19 @@ def port_is_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_http_server_returns_the_engine_tokens(tiny_artifacts, tokenizer, hf_reference, tmp_path):
-    """launch_server (portable kernels) returns the tokens the engine and transformers + PEFT give."""
+def test_sglang_serve_returns_the_engine_tokens(tiny_artifacts, tokenizer, hf_reference, tmp_path):
+    """A server started with ``sglang serve`` (portable kernels) returns the tokens the engine and
+    transformers + PEFT give, and stops completely; the files it leaves are removed."""
     port = serving.free_port()
     argv = serving.server_argv(tiny_artifacts, ADAPTERS, port)
+    assert argv[:2] == [serving.sglang_console_script(), "serve"]
     assert argv[argv.index("--lora-backend") + 1] == "intel_xpu"
     prompt = PROMPTS[0]
     ids = tokenizer.encode(prompt)
     params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
     with serving.running_server(argv, port, serving.cpu_env("torch"), tmp_path / "server.log") as proc:
+        mapped = leftovers.server_files(proc.pid)
+        assert len(mapped) == 1 and next(iter(mapped)).name.startswith("sglang_loads_"), mapped
         generated = serving.post_json(
             f"http://127.0.0.1:{port}/generate",
             {"input_ids": [ids] * len(LORAS), "lora_path": LORAS, "sampling_params": params},
@@ -111,6 +116,7 @@ def test_http_server_returns_the_engine_tokens(tiny_artifacts, tokenizer, hf_ref
     assert not port_is_open(port)
     leftover = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert leftover == [], f"server processes left behind: {leftover}"
+    assert not [path for path in mapped if path.exists()], "the server's /dev/shm file is still there"
 
 
 def test_engine_refuses_intel_xpu_on_cpu_without_portable_kernels(tiny_artifacts, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -214,7 +215,8 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
         print(chr(10).join(doctor.render_plugins(report)))
         """
     ) + PARSE_ARGS.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"], backend="echo_native")
-    result = run_python(code, env={"PYTHONPATH": str(site)})
+    # Keep what PYTHONPATH already names (the dev shims, when the tests run from the sdist).
+    result = run_python(code, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))})
     assert "CHOICES ['echo_native', 'intel_xpu']" in result.stdout, result.stderr[-3000:]
     assert "ECHO EchoLoRABackend" in result.stdout
     assert "CSGMV ChunkedSgmvLoRABackend" in result.stdout

@@ -25,7 +25,7 @@ from pathlib import Path
 def main(request_path: str, result_path: str) -> None:
     import sglang
 
-    from sglang_cpu_devsupport import serving
+    from sglang_cpu_devsupport import leftovers, serving
 
     request = json.loads(Path(request_path).read_text())
     paths = {name: Path(p) for name, p in request["artifacts"].items()}
@@ -56,7 +56,7 @@ def main(request_path: str, result_path: str) -> None:
                 ]
             )
     finally:
-        engine.shutdown()
+        leftovers.shutdown_engine(engine)
     Path(result_path).write_text(json.dumps(results))
 
 

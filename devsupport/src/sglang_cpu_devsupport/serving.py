@@ -1,22 +1,24 @@
 """Helpers shared by the CPU example and the end-to-end tests: engine/server settings, the HF + PEFT
-reference, and a launch_server process that is always shut down."""
+reference, and an ``sglang serve`` process that is always shut down and leaves nothing behind."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from sglang_cpu_devsupport import CPU_ENGINE_ENV
+from sglang_cpu_devsupport import CPU_ENGINE_ENV, leftovers
 
 #: Settings for SGLang on a 2-core CPU: torch-native attention, no graphs, a small KV pool (by
 #: default SGLang sizes it from RAM: ~15 GB and ~27 s for this model), float32 for tight comparisons.
@@ -54,11 +56,15 @@ def engine_kwargs(paths: dict[str, Path], adapters: Sequence[str], **overrides) 
     }
 
 
+def sglang_console_script() -> str:
+    """SGLang's ``sglang`` console script installed next to this interpreter."""
+    return str(Path(sys.executable).parent / "sglang")
+
+
 def server_argv(paths: dict[str, Path], adapters: Sequence[str], port: int, **overrides) -> list[str]:
-    """``python -m sglang.launch_server`` command line equivalent to :func:`engine_kwargs` (with the
-    same ``overrides``)."""
+    """``sglang serve`` command line equivalent to :func:`engine_kwargs` (with the same ``overrides``)."""
     kwargs = engine_kwargs(paths, adapters, **overrides)
-    argv = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sglang_console_script(), "serve", "--host", "127.0.0.1", "--port", str(port)]
     for key, value in kwargs.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -149,17 +155,21 @@ def post_when_drained(url: str, payload: dict, timeout: float = 120.0) -> dict:
 
 @contextlib.contextmanager
 def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, timeout: float = 240.0) -> Iterator[subprocess.Popen]:
-    """Start ``launch_server``, wait until ``/health_generate`` answers, yield the process, and always
-    stop it by its PID (SIGTERM, then SIGKILL of its process group if it lingers)."""
+    """Start the server, wait until ``/health_generate`` answers, yield the process, and always stop
+    it by its PID (SIGTERM, then SIGKILL of its process group if it lingers). The server gets its
+    own ``$TMPDIR`` (its IPC sockets), removed afterwards with the ``/dev/shm`` files it mapped."""
     log = open(log_path, "w")
+    tmpdir = tempfile.mkdtemp(prefix="sglang-server-")
     proc = subprocess.Popen(
-        list(argv), env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        list(argv), env={**os.environ, **env, "TMPDIR": tmpdir}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
+    shm_files: set[Path] = set()
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"launch_server exited with {proc.returncode}; see {log_path}")
+                raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=30) as r:
                     if r.status == 200:
@@ -167,12 +177,16 @@ def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, ti
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"launch_server not ready after {timeout:.0f} s; see {log_path}")
+                raise TimeoutError(f"the server is not ready after {timeout:.0f} s; see {log_path}")
             time.sleep(1.0)
+        shm_files = leftovers.server_files(proc.pid)
         yield proc
     finally:
+        shm_files |= leftovers.server_files(proc.pid)
         stop_server(proc)
         log.close()
+        leftovers.remove(shm_files)
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def process_group_rss(pgid: int) -> int:

@@ -1,0 +1,83 @@
+"""Every example script, run end to end on CPU as a user would, leaving nothing behind.
+
+- ``examples/serve_lora_cpu.py`` (the CPU demo behind ``scripts/run_example.sh``): an engine and
+  an ``sglang serve`` server, checked against transformers + PEFT; its output must end with its
+  ``OK`` line (no ``resource_tracker`` warning or ``KeyError`` traceback after it).
+- ``examples/xpu/bench_serving.sh``, which starts each server with
+  ``examples/xpu/serve_multi_lora.sh``: with the device, the kernel selector and the sizes set for
+  this CPU machine and the tiny model, for ``intel_xpu`` and SGLang's ``torch_native``. Every
+  request picks one of the adapters; with all names passed as one argument (the old bug) the
+  server would fail them, so ``completed`` counts them.
+
+Each run gets a private ``/dev/shm`` and ``$TMPDIR`` (``tests/sandbox.py``) that must be empty
+afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from sandbox import run_leaving_nothing
+
+from sglang_cpu_devsupport import serving, tiny_model
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+ALARMING = ("Traceback", "KeyError", "resource_tracker", "leaked", "Error")
+
+
+def user_env(**extra) -> dict:
+    """This environment with the venv's scripts first on PATH (as after ``source .venv/bin/activate``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, **extra}
+
+
+def test_cpu_example(tiny_artifacts, tmp_path):
+    artifacts = tiny_artifacts["base"].parent  # the example reuses the session's tiny model and adapters
+    result, left = run_leaving_nothing(
+        [sys.executable, str(REPO / "examples" / "serve_lora_cpu.py"), "--artifacts", str(artifacts)],
+        user_env(), tmp_path / "tmp", timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    lines = result.stdout.rstrip().splitlines()
+    assert lines[-1] == "OK: intel_xpu served every adapter and matched transformers + PEFT.", result.stdout[-3000:]
+    assert "starting sglang serve on 127.0.0.1:" in result.stdout
+    assert not [word for word in ALARMING if word in result.stdout], result.stdout[-3000:]
+    assert left == [], f"the example left {left} behind"
+
+
+def test_bench_serving_script_on_cpu(tiny_artifacts, tmp_path):
+    adapters = list(tiny_model.ADAPTER_NAMES)
+    out = tmp_path / "results"
+    env = user_env(
+        **serving.cpu_env("torch"),
+        MODEL=str(tiny_artifacts["base"]),
+        ADAPTERS=" ".join(f"{name}={tiny_artifacts[name]}" for name in adapters),
+        DEVICE="cpu",
+        BACKENDS="intel_xpu torch_native",
+        MAX_LORA_RANK="32",
+        EXTRA_ARGS="--attention-backend torch_native --disable-cuda-graph --max-total-tokens 4096 --dtype float32",
+        SCENARIOS="decode 16 8 4 8",
+        PORT=str(serving.free_port()),
+        OUT=str(out),
+        PYTHON=sys.executable,
+        READY_TIMEOUT="600",
+    )
+    result, left = run_leaving_nothing(
+        ["bash", str(REPO / "examples" / "xpu" / "bench_serving.sh")], env, tmp_path / "tmp", timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    server_log = (out / "intel_xpu-server.log").read_text()
+    assert "OK: --lora-backend intel_xpu can serve on this machine." in server_log  # doctor ran first
+    for backend in ("intel_xpu", "torch_native"):
+        report = json.loads((out / f"{backend}-decode.jsonl").read_text().splitlines()[-1])
+        assert report["completed"] == 8, (backend, report)
+        assert f"| {backend} | decode | 8 |" in result.stdout
+        assert f"'lora_backend': '{backend}'" in (out / f"{backend}-server.log").read_text()  # SGLang logs its arguments
+    assert left == [], f"the benchmark left {left} behind"

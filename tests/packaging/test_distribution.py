@@ -1,0 +1,196 @@
+"""The packaging check, as a distribution packager works (README, "For packagers").
+
+Builds the sdist from this checkout's files (tracked and not ignored) and the wheel from the sdist,
+without build isolation, with the environment's setuptools, as distributions build. Then:
+
+- ``twine check --strict`` on both; the wheel's metadata (SPDX licence and its file, Python
+  requirement, classifiers, Project-URLs) and contents (the package only, never the dev shims);
+- the sdist holds every tracked file but the CI hook (so the tests can run from it);
+- the wheel is byte-for-byte reproducible under ``SOURCE_DATE_EPOCH``; the sdist's files and
+  contents are (setuptools does not apply ``SOURCE_DATE_EPOCH`` to sdists, pypa/setuptools#2133);
+- the wheel, installed with ``--no-deps --no-index`` into a fresh virtual environment that sees this
+  environment's torch, SGLang and test stack but neither this checkout nor ``devsupport``, is what
+  the non-e2e tests of the unpacked sdist import, and those tests pass there with networking off
+  (a network namespace; only loopback is up) and the sdist's ``devsupport`` installed into a
+  directory named on ``PYTHONPATH`` (for the tests only).
+
+Marked ``e2e``, so ``-m "not e2e"`` (and the nested run itself) skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import warnings
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+from sandbox import can_unshare
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+NAME, VERSION = "sglang_xpu_lora", "0.1.0"
+EPOCH = "1764460800"  # 2025-11-30T00:00:00Z: any fixed value
+#: Tracked files that are not part of the project's source distribution: the CI machinery's hook.
+NOT_IN_SDIST = (".ci/", ".gitignore")
+#: Installed in this environment by ``pip install -e``: hidden from the fresh environment.
+DEV_INSTALLS = ("sglang_xpu_lora", "sglang_cpu_devsupport", "sgl_kernel", "__editable__")
+
+
+def run(argv, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{argv}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def build(source: Path, out: Path, *what: str) -> Path:
+    env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH}
+    run([sys.executable, "-m", "build", "--no-isolation", *what, "--outdir", out, source], env=env, timeout=300)
+    (built,) = out.iterdir()
+    return built
+
+
+def checkout_files() -> list[str]:
+    """This checkout's files, tracked or not ignored (a release builds from a clean checkout)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("the packaging check builds from a git checkout, not from an unpacked sdist")
+    listed = run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO).stdout
+    return sorted(p for p in listed.split("\0") if p and (REPO / p).is_file())
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """``(sdist, wheel, unpacked sdist, checkout copy)``: the sdist built from a copy of this
+    checkout, the wheel from the unpacked sdist."""
+    work = tmp_path_factory.mktemp("dist")
+    source = work / "checkout"
+    for rel in checkout_files():
+        (source / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, source / rel)
+    sdist = build(source, work / "sdist", "--sdist")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(work / "unpacked", filter="data")
+    unpacked = work / "unpacked" / f"{NAME}-{VERSION}"
+    wheel = build(unpacked, work / "wheel", "--wheel")
+    return sdist, wheel, unpacked, source
+
+
+def test_twine_check(dist):
+    sdist, wheel, _, _ = dist
+    run([sys.executable, "-m", "twine", "check", "--strict", sdist, wheel], timeout=120)
+
+
+def test_wheel_metadata_and_contents(dist):
+    _, wheel, _, _ = dist
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = Parser().parsestr(archive.read(f"{NAME}-{VERSION}.dist-info/METADATA").decode())
+        entry_points = archive.read(f"{NAME}-{VERSION}.dist-info/entry_points.txt").decode()
+    assert f"{NAME}-{VERSION}.dist-info/licenses/LICENSE" in names
+    assert {name.split("/")[0] for name in names} == {NAME, f"{NAME}-{VERSION}.dist-info"}
+    assert metadata["License-Expression"] == "Apache-2.0" and metadata["License-File"] == "LICENSE"
+    assert metadata["Requires-Python"] == ">=3.11"
+    assert sorted(metadata.get_all("Requires-Dist")) == ["packaging>=23", "pluggy>=1.5"]
+    classifiers = metadata.get_all("Classifier")
+    assert "Programming Language :: Python :: 3.11" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
+    assert any(c.startswith("Development Status ::") for c in classifiers)
+    assert {url.split(",")[0] for url in metadata.get_all("Project-URL")} >= {"Source", "Issues", "Changelog"}
+    assert metadata["Author"] or metadata["Author-email"]
+    assert "intel_xpu_lora = sglang_xpu_lora.plugin:load" in entry_points
+    assert "sglang-xpu-lora = sglang_xpu_lora.doctor:main" in entry_points
+
+
+def test_sdist_holds_every_project_file(dist):
+    sdist, _, _, _ = dist
+    with tarfile.open(sdist) as archive:
+        members = {m.name.split("/", 1)[1] for m in archive.getmembers() if m.isfile()}
+    expected = {p for p in checkout_files() if not p.startswith(NOT_IN_SDIST)}
+    assert expected - members == set()
+    assert {"LICENSE", "CHANGELOG.md", "CONTRIBUTING.md", "PKG-INFO"} <= members
+    assert not [m for m in members if "__pycache__" in m or (".egg-info/" in m and not m.startswith("src/"))]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sdist_files(sdist: Path) -> dict[str, str]:
+    with tarfile.open(sdist) as archive:
+        return {m.name: hashlib.sha256(archive.extractfile(m).read()).hexdigest() for m in archive.getmembers() if m.isfile()}
+
+
+def test_reproducible_builds(dist, tmp_path):
+    sdist, wheel, unpacked, source = dist
+    again = build(unpacked, tmp_path / "wheel", "--wheel")
+    assert digest(again) == digest(wheel)
+    assert sdist_files(build(source, tmp_path / "sdist", "--sdist")) == sdist_files(sdist)
+
+
+@pytest.fixture(scope="module")
+def fresh_python(dist, tmp_path_factory) -> Path:
+    """A new virtual environment with the wheel installed (``--no-deps --no-index``) that sees this
+    environment's packages through a ``.pth`` file naming a directory of links to them, minus this
+    checkout's editable installs and the dev shims."""
+    _, wheel, _, _ = dist
+    work = tmp_path_factory.mktemp("fresh")
+    run([sys.executable, "-m", "venv", "--without-pip", work / "venv"], timeout=120)
+    python = work / "venv" / "bin" / "python"
+    host = work / "host-site-packages"
+    host.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.suffix != ".pth" and not entry.name.startswith(DEV_INSTALLS):
+            (host / entry.name).symlink_to(entry)
+    site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    (site / "ci_host_packages.pth").write_text(f"{host}\n")
+    run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q", wheel], timeout=300)
+    return python
+
+
+def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path):
+    _, _, unpacked, _ = dist
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_XPU_LORA", "PYTHON"))}
+    env.update(SGLANG_USE_CPU_ENGINE="1", TMPDIR=str(tmp_path))
+    env["PATH"] = f"{fresh_python.parent}{os.pathsep}{env.get('PATH', '')}"
+    offline = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if can_unshare() else []
+    if not offline:
+        warnings.warn("networking is NOT turned off for the sdist's tests: a network namespace needs root and unshare")
+
+    # The dev shims go to a directory named on PYTHONPATH for the tests only (with their entry
+    # points: SGLang finds the CPU shims through them), never into the environment.
+    devsupport = tmp_path / "devsupport"
+    run([*offline, fresh_python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
+         "--disable-pip-version-check", "-q", "--target", devsupport, "./devsupport"], cwd=unpacked, env=env, timeout=300)
+    env["PYTHONPATH"] = str(devsupport)
+    probe = run(
+        [*offline, fresh_python, "-c",
+         "import importlib.metadata as m, sglang_xpu_lora, sgl_kernel, urllib.request as u\n"
+         "print(sglang_xpu_lora.__file__)\n"
+         "print(sgl_kernel.__file__)\n"
+         "print(sorted(ep.name for ep in m.entry_points(group='sglang.srt.plugins')))\n"
+         "try:\n    u.urlopen('https://pypi.org', timeout=5)\nexcept OSError as e:\n    print('offline', type(e).__name__)\n"],
+        cwd=unpacked, env=env, timeout=120,
+    ).stdout.splitlines()
+    assert probe[0].startswith(str(fresh_python.parents[1])), probe  # the wheel, not this checkout
+    assert probe[1].startswith(str(devsupport)), probe  # the stub, from the tests' directory only
+    assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'no_leftovers', 'sgl_kernel_emulator']", probe
+    assert probe[3].startswith("offline") or not offline, probe
+
+    log = tmp_path / "pytest.log"
+    with open(log, "w") as out:
+        result = subprocess.run(
+            [*offline, fresh_python, "-m", "pytest", "-m", "not e2e", "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+            cwd=unpacked, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=1500,
+        )
+    text = log.read_text()
+    assert result.returncode == 0, text[-6000:]
+    summary = [line for line in text.splitlines() if re.match(r"\d+ (passed|failed)", line)][-1]
+    assert re.fullmatch(r"\d+ passed, \d+ deselected(, \d+ warnings?)? in .*", summary), summary  # none skipped
