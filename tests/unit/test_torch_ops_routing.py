@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_xpu_lora.providers import torch_ops
+from sglang_xpu_lora.providers.torch_routing import host
 
 
 # --- graph safety --------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_cpu_routes_on_the_host_except_small_problems_with_several_runs():
 
 def test_accelerator_tensors_never_read_index_tensors_on_the_host(monkeypatch):
     """On a device other than CPU the host routing is not even considered (it would synchronise)."""
-    monkeypatch.setattr(torch_ops, "_host_runs", None)  # any host routing would fail
+    monkeypatch.setattr(host, "runs", None)  # any host routing would fail
     p = decode_batch()
     meta = {k: v.to("meta") for k, v in p["common"].items()}
     out = torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"].to("meta"), p["a"].to("meta"), 3, 2, permutation=p["permutation"].to("meta"), **meta)
@@ -134,7 +135,6 @@ def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(mon
     """Every layer calls the ops with the same index tensors: after begin_batch() the routing
     kernels run once; the next begin_batch() forgets it, so refilled index tensors are read anew."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    monkeypatch.setattr(torch_ops, "_batch_routes", None)
     p = decode_batch()
 
     def run():  # a fresh view of the permutation each call, as the backend passes it
@@ -173,25 +173,3 @@ def test_a_batch_without_segments_gets_no_lora(routing):
     seg, wi = torch.tensor([0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
     out = torch_ops.sgemm_lora_a_fwd(torch.ones(3, 8), torch.ones(2, 4, 8), 1, seg, wi, torch.tensor([4, 4]))
     assert torch.equal(out, torch.zeros(3, 4))
-
-
-def test_mirror_refresh_spans_pools_of_different_sizes_and_forgets_freed_buffers(monkeypatch):
-    """A load into slot 3 of a 4-slot pool must not fail on a 2-slot pool's mirror; mirrors do not
-    keep buffers alive."""
-    import gc
-
-    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    torch_ops.keep_weight_mirrors()
-    meta = dict(seg_indptr=torch.tensor([0, 2], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
-                lora_ranks=torch.tensor([4] * 4), scalings=torch.ones(4))
-    small, large = torch.randn(2, 6, 4), torch.randn(4, 6, 4)
-    for b in (small, large):
-        torch_ops.sgemm_lora_b_fwd(torch.ones(2, 4), b, **meta)  # makes both mirrors
-    large[3] = 1.0
-    torch_ops.refresh_weight_mirrors(3)
-    (mirror,) = [m for ref, m in torch_ops._mirrors.values() if ref() is large]
-    assert torch.equal(mirror[3], torch.ones(4, 6))
-    del small
-    gc.collect()
-    torch_ops.refresh_weight_mirrors(0)
-    assert len(torch_ops._mirrors) == 1

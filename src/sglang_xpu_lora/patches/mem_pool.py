@@ -10,10 +10,9 @@ How: ``init_memory_pool`` marks the pool of a manager whose backend's spec decla
     with another backend). For a marked pool, loading an adapter into a slot first zeroes the whole
     slot (SGLang's ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it,
     then moves stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are
-    untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
-    (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
-    the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
-    the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
+    untouched. Runs on the loader's stream, so it also holds with ``--enable-lora-overlap-loading``.
+    No op keeps a copy of pool weights (the portable ops read the pool's buffers in place), so a
+    slot emptied by SGLang (``remove_lora`` / ``_clear_buffer_slot_for_base``) is empty everywhere.
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
     ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor).
 Remove when: SGLang's pool has a max-rank-spaced layout option for dense modules.
@@ -62,24 +61,15 @@ def apply(registry: LoRABackendRegistry) -> None:
         spec = registry.spec_for_backend(manager.lora_backend)
         spaced = bool(spec and spec.needs_max_rank_spaced_layout)
         setattr(manager.memory_pool, SPACED_LAYOUT_ATTR, spaced)
-        if spaced:
-            from sglang_xpu_lora.providers import torch_ops  # lazily: plugin load imports no ops
-
-            torch_ops.keep_weight_mirrors()
         return result
 
     def around_load_lora_weight_to_buffer(original, pool, uid, buffer_id, lora_adapter, *args, **kwargs):
-        from sglang_xpu_lora.providers import torch_ops
-
-        try:
-            if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
-                return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
-            pool._clear_buffer_slot_for_base(buffer_id)
-            result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
-            respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
-            return result
-        finally:  # also after a failed load: the mirror follows whatever the slot now holds
-            torch_ops.refresh_weight_mirrors(buffer_id)
+        if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
+            return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
+        pool._clear_buffer_slot_for_base(buffer_id)
+        result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
+        respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
+        return result
 
     hook_registry.register(targets.LORA_MANAGER_INIT_MEMORY_POOL, around_init_memory_pool, hook_type.AROUND)
     hook_registry.register(targets.POOL_LOAD_WEIGHTS, around_load_lora_weight_to_buffer, hook_type.AROUND)
