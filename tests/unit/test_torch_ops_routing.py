@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_xpu_lora.providers import torch_ops
-from sglang_xpu_lora.providers.torch_routing import host
+from sglang_xpu_lora.providers.torch_routing import device, host
 
 
 # --- graph safety --------------------------------------------------------------------------------
@@ -173,3 +173,23 @@ def test_a_batch_without_segments_gets_no_lora(routing):
     seg, wi = torch.tensor([0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
     out = torch_ops.sgemm_lora_a_fwd(torch.ones(3, 8), torch.ones(2, 4, 8), 1, seg, wi, torch.tensor([4, 4]))
     assert torch.equal(out, torch.zeros(3, 4))
+
+
+def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
+    """A long batch's expand runs in row chunks (bounded all-slot products): the same numbers, to the
+    rounding of a GEMM with fewer rows, for bands known on the host (gate_up) and bands read on the
+    device (qkv)."""
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
+    p = decode_batch()
+    common = dict(p["common"], permutation=p["permutation"])
+
+    def run():
+        return (
+            torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], base_output=p["base"], **common),
+            torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **p["common"]),
+        )
+
+    whole = run()
+    monkeypatch.setattr(device, "MAX_PRODUCT_ELEMENTS", 7 * 2 * 10 * 3)  # 7 rows per chunk: 9 chunks, the last short
+    for chunked, one_chunk in zip(run(), whole):
+        torch.testing.assert_close(chunked, one_chunk, rtol=1e-6, atol=1e-6)

@@ -94,8 +94,14 @@ def _shrink(x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, perm
 
 def _expand(
     x, weights, seg_indptr, weight_indices, lora_ranks, permutation, scalings, num_slices, base_output, *,
-    bands=None, slice_offsets=None,
+    bands=None, slice_offsets=None, widest: Optional[int] = None,
 ) -> torch.Tensor:
+    """The expand of every B op. Slice bands are host ``bands``, or the device ``slice_offsets``
+    with ``widest`` the widest band: ``num_slices`` bands of at most ``widest`` columns that add up
+    to ``num_slices * widest`` are all ``widest`` wide (gate_up, and the one-slice ops, in decode),
+    known on the host without reading ``slice_offsets``."""
+    if bands is None and widest is not None and num_slices * widest == weights.shape[1]:
+        bands = [(p * widest, (p + 1) * widest) for p in range(num_slices)]
     routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[2])
     if isinstance(routes, host.Runs):
         if bands is None:
@@ -242,7 +248,7 @@ def qkv_lora_b_fwd(
     Args:
         input_x: (T, 3 * max_rank). qkv_lora_b: (L, N_q + 2 * N_kv, max_rank).
         output_offset: (4,) int tensor ``[0, N_q, N_q + N_kv, N_q + 2 * N_kv]`` on the device; read
-            on the device only. max_qkv_out_dim: the widest band (signature parity).
+            on the device only. max_qkv_out_dim: the widest band (trusted, as by the kernel).
     Returns:
         A new (T, N_q + 2 * N_kv) tensor in input_x's dtype.
     Source: sgl-kernel-xpu ``qkv_lora_b_fwd`` (``src/sycl/QKVLoraBFwd.cpp``).
@@ -251,7 +257,7 @@ def qkv_lora_b_fwd(
     _check_expand_input(input_x, qkv_lora_b, 3, base_output)
     return _expand(
         input_x, qkv_lora_b, seg_indptr, weight_indices, lora_ranks, None, scalings, 3, base_output,
-        slice_offsets=output_offset,
+        slice_offsets=output_offset, widest=max_qkv_out_dim,
     )
 
 
@@ -329,7 +335,7 @@ def chunked_sgmv_lora_expand_fwd(
     Args:
         input_x: (T, num_slices * max_rank), physical order. weights: (L, N_total, max_rank).
         slice_offsets: (num_slices + 1,) device int tensor, ``[0, ..., N_total]``; read on the
-            device only. max_slice_size: widest band (signature parity).
+            device only. max_slice_size: the widest band (trusted, as by the kernel).
         permutation: optional (T,) logical-to-physical map; None means physical order.
         base_output: optional (T, N_total), read only.
     Returns:
@@ -343,5 +349,5 @@ def chunked_sgmv_lora_expand_fwd(
     _check_expand_input(input_x, weights, num_slices, base_output)
     return _expand(
         input_x, weights, seg_indptr, weight_indices, lora_ranks, permutation, scalings, num_slices, base_output,
-        slice_offsets=slice_offsets,
+        slice_offsets=slice_offsets, widest=max_slice_size,
     )

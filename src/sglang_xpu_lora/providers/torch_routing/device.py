@@ -54,6 +54,12 @@ def row_slots(
     return physical.scatter_reduce(0, targets, logical, reduce="amax")
 
 
+#: The expand handles its rows in chunks whose all-slot products stay within this many elements
+#: (64M: 128 MiB in bf16), so a long prefill does not allocate ``T * L * N`` at once. Decode
+#: batches up to a few hundred tokens are one chunk. Chunks are fixed by shapes: graph-capturable.
+MAX_PRODUCT_ELEMENTS = 1 << 26
+
+
 class DeviceRoutes:
     """A batch's routing on the device: each row's slot, and what the GEMMs derive from it.
 
@@ -77,9 +83,17 @@ class DeviceRoutes:
 
     def own(self, every_slot: torch.Tensor) -> torch.Tensor:
         """Each row's own slot from ``every_slot`` (T, L, N): (T, N), zero outside segments."""
-        num_rows, _, width = every_slot.shape
-        own = every_slot.gather(1, self.slot_index.view(num_rows, 1, 1).expand(num_rows, 1, width))
-        return own.view(num_rows, width).masked_fill(self.outside, 0)
+        return _gather_own(every_slot, self.slot_index, self.outside)
+
+
+def _gather_own(every_slot: torch.Tensor, slot_index: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """``every_slot[t, slot_index[t]]`` for each row t of (T, L, N): (T, N), zero where ``outside``.
+
+    A selection, not a product with a one-hot row: no other slot's value (NaN, Inf) reaches the row.
+    """
+    num_rows, _, width = every_slot.shape
+    own = every_slot.gather(1, slot_index.view(num_rows, 1, 1).expand(num_rows, 1, width))
+    return own.view(num_rows, width).masked_fill(outside, 0)
 
 
 def shrink(x: torch.Tensor, weights: torch.Tensor, routes: DeviceRoutes) -> torch.Tensor:
@@ -109,30 +123,52 @@ def expand(
     ``l`` is the row's slot; x: (T, S * R); weights: (L, N, R); scalings: (L,); base_output:
     optional (T, N). Returns (T, N) in x's dtype: the GEMM is rounded to x's dtype, scaled and added
     to ``base_output`` in fp32. Bands come from host ``bands`` when known statically (consecutive,
-    tiling ``[0, N)``; one batched GEMM per band over its columns, ``(L, T, band)``), else from the
-    device tensor
-    ``slice_offsets`` (``(S + 1,)``), without reading it on the host: one GEMM gives every slice's
-    product with every slot over all columns, ``(T, S, L, N)``, and each output element gathers its
-    row's slot and its column's slice.
+    tiling ``[0, N)``), else from the device tensor ``slice_offsets`` (``(S + 1,)``), without reading
+    it on the host (see :func:`_own_products`). Rows go in chunks of at most
+    :data:`MAX_PRODUCT_ELEMENTS` all-slot products.
+    """
+    num_rows = x.shape[0]
+    num_slots, out_dim, _ = weights.shape
+    column_slice = None
+    if bands is None:  # (N,): the slice of each output column; num_slices past the last offset
+        column_slice = torch.searchsorted(
+            slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
+        )
+    per_row = num_slots * out_dim * (num_slices if bands is None else 1)
+    chunk = max(1, MAX_PRODUCT_ELEMENTS // per_row)
+    if num_rows <= chunk:
+        out = _own_products(x, weights, routes.slot_index, routes.outside, num_slices, bands, column_slice)
+    else:
+        out = x.new_empty((num_rows, out_dim))
+        for start in range(0, num_rows, chunk):  # static: shapes only
+            rows = slice(start, min(start + chunk, num_rows))
+            out[rows] = _own_products(
+                x[rows], weights, routes.slot_index[rows], routes.outside[rows], num_slices, bands, column_slice
+            )
+    scale = routes.row_scale(scalings)
+    if base_output is None:
+        return torch.mul(out, scale).to(x.dtype)
+    return torch.addcmul(base_output.to(torch.float32), out, scale).to(x.dtype)
+
+
+def _own_products(x, weights, slot_index, outside, num_slices, bands, column_slice) -> torch.Tensor:
+    """(C, N) in x's dtype: each row's expand GEMM with its own slot, zero outside segments.
+
+    With host ``bands``: per band, one batched GEMM of the row's slice with every slot,
+    ``(L, C, band)``, then the row's slot. Else one GEMM gives every slice's product with every
+    slot over all columns, ``(C, S, L, N)``, and each element gathers its row's slot and its
+    column's slice (``column_slice``, (N,)); columns past the last offset get zero.
     """
     num_rows = x.shape[0]
     num_slots, out_dim, max_rank = weights.shape
     if bands is None:
         every = torch.mm(x.reshape(num_rows * num_slices, max_rank), weights.reshape(num_slots * out_dim, max_rank).t())
-        column_slice = torch.searchsorted(
-            slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
-        )  # (N,): the slice of each output column; num_slices past the last offset
-        which = column_slice.clamp(max=num_slices - 1) * num_slots + routes.slot_index.unsqueeze(1)  # (T, N)
-        out = every.view(num_rows, num_slices * num_slots, out_dim).gather(1, which.unsqueeze(1)).squeeze(1)
-        out = out.masked_fill(routes.outside | (column_slice == num_slices), 0)
-    else:  # bands tile [0, N)
-        x_slices = x.reshape(num_rows, num_slices, max_rank)
-        parts = [  # static: one per stacked projection; each (L, T, band) -> the row's slot
-            routes.own(torch.matmul(x_slices[:, p], weights[:, start:end].transpose(1, 2)).transpose(0, 1))
-            for p, (start, end) in enumerate(bands)
-        ]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    scale = routes.row_scale(scalings)
-    if base_output is None:
-        return torch.mul(out, scale).to(x.dtype)
-    return torch.addcmul(base_output.to(torch.float32), out, scale).to(x.dtype)
+        which = column_slice.clamp(max=num_slices - 1) * num_slots + slot_index.unsqueeze(1)  # (C, N) into S*L
+        own = every.view(num_rows, num_slices * num_slots, out_dim).gather(1, which.unsqueeze(1)).squeeze(1)
+        return own.masked_fill(outside | (column_slice == num_slices), 0)
+    x_slices = x.reshape(num_rows, num_slices, max_rank)
+    parts = [  # static: one per stacked projection
+        _gather_own(torch.matmul(x_slices[:, p], weights[:, start:end].transpose(1, 2)).transpose(0, 1), slot_index, outside)
+        for p, (start, end) in enumerate(bands)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
