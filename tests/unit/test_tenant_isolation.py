@@ -8,13 +8,15 @@ its extra (added-token) rows. Every row that does not belong to that slot must t
 batch, and the same again once the slot is emptied (zeroed in place, as ``remove_lora`` does).
 
 Providers: the portable ops routed on the host and on the device (both forced on CPU tensors), and
-the native ops of the emulated sgl-kernel-xpu build that has all seven (``full``).
+the op table selected over each emulated sgl-kernel-xpu build (native ops where the build has them).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from sglang_cpu_devsupport import kernel_emulator
 
 from sglang_xpu_lora import providers
 from sglang_xpu_lora.providers import torch_ops
@@ -25,11 +27,13 @@ OFFSETS = [0, 8, 12, 16]  # q, k, v bands of a 16-wide qkv output
 LM_HEAD = 40  # an lm_head-like expand: vocabulary-wide output
 
 
-@pytest.fixture(params=["torch-host", "torch-device", "native"])
+@pytest.fixture(params=["torch-host", "torch-device", *(f"native-{build}" for build in kernel_emulator.BUILDS)])
 def ops(request, monkeypatch, emulate):
-    """The op table of one provider/routing."""
-    if request.param == "native":
-        with emulate("full", kernels="native"):
+    """The op table of one provider/routing: the portable ops with either routing, or what
+    ``SGLANG_XPU_LORA_KERNELS=auto`` selects over an emulated sgl-kernel-xpu build (native ops where
+    the build has them, the portable ones elsewhere)."""
+    if request.param.startswith("native-"):
+        with emulate(request.param.removeprefix("native-")):
             yield providers.select_ops().eager
         return
     on_host = request.param == "torch-host"
