@@ -29,19 +29,11 @@ from typing import Callable, Optional
 
 import torch
 
+from sglang_xpu_lora.providers.base import OP_NAMES
 from sglang_xpu_lora.providers.torch_routing import cache, device, host
 from sglang_xpu_lora.providers.torch_routing.cache import begin_batch
 
-__all__ = [
-    "begin_batch",
-    "embedding_lora_a_fwd",
-    "sgemm_lora_a_fwd",
-    "sgemm_lora_b_fwd",
-    "qkv_lora_b_fwd",
-    "gate_up_lora_b_fwd",
-    "chunked_sgmv_lora_shrink_fwd",
-    "chunked_sgmv_lora_expand_fwd",
-]
+__all__ = ["begin_batch", *OP_NAMES]
 
 name = "torch"
 
