@@ -193,3 +193,37 @@ def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
     monkeypatch.setattr(device, "MAX_PRODUCT_ELEMENTS", 7 * 2 * 10 * 3)  # 7 rows per chunk: 9 chunks, the last short
     for chunked, one_chunk in zip(run(), whole):
         torch.testing.assert_close(chunked, one_chunk, rtol=1e-6, atol=1e-6)
+
+
+class GemmShapes(TorchDispatchMode):
+    """Records (rows, inner, columns) of every mm/addmm."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in ("mm", "addmm"):
+            a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
+            self.shapes.append((a.shape[0], a.shape[1], b.shape[1]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_routing_contracts_over_each_slots_real_rank(monkeypatch):
+    """Slot ranks 0 (the base model's slot), 2 and 4 under max_rank 4: the rank-0 run does no GEMM,
+    the rank-2 run's shrink and expand GEMMs have 2 rank columns / an inner size of 2, per slice."""
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: True)
+    p = decode_batch()
+    meta = dict(seg_indptr=torch.tensor([0, 10, 30, 64], dtype=torch.int32),
+                weight_indices=torch.tensor([0, 1, 2], dtype=torch.int32), lora_ranks=torch.tensor([0, 2, 4]))
+    a, b = torch.randn(3, 12, 16), torch.randn(3, 10, 4)
+    a.view(3, 3, 4, 16)[1, :, 2:] = 0
+    b[1, :, 2:] = 0
+    with GemmShapes() as shrink:
+        mid = torch_ops.sgemm_lora_a_fwd(p["x"], a, 3, **meta)
+    with GemmShapes() as expand:
+        torch_ops.qkv_lora_b_fwd(mid, b, p["offsets"], 6, scalings=p["scalings"].new_ones(3), **meta)
+    assert shrink.shapes == [(20, 16, 2)] * 3 + [(34, 16, 12)]
+    assert expand.shapes == [(20, 2, 6), (20, 2, 2), (20, 2, 2), (34, 4, 6), (34, 4, 2), (34, 4, 2)]
+    assert torch.equal(mid[:10], torch.zeros(10, 12))

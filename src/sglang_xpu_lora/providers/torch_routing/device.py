@@ -10,8 +10,11 @@ Both GEMMs compute every row's product with every slot's weights in one batched 
 A row's result is therefore a copy of its own slot's product, never a sum over slots: whatever
 another slot holds (NaN, Inf, a previous tenant's weights), no other row reads it, and rows outside
 every segment are set to zero (or ``base_output``) by selection, not by multiplying with zero. This
-costs ``L`` times the FLOPs of a grouped GEMM and a ``(T, L, N)`` intermediate, in exchange for a
-handful of kernels; it reads LoRA-B in the pool's own ``(L, N, R)`` layout (no transposed copy).
+costs ``L`` times the FLOPs of a grouped GEMM and a ``(T, L, N)`` intermediate (bounded by row
+chunks, :data:`MAX_PRODUCT_ELEMENTS`), in exchange for a handful of kernels; it reads LoRA-B in the
+pool's own ``(L, N, R)`` layout (no transposed copy). The same selection makes a slot that the
+loader stream is rewriting (``--enable-lora-overlap-loading``: SGLang never loads into a slot a
+running batch uses) harmless to the batches in flight: their rows never keep its products.
 """
 
 from __future__ import annotations
@@ -63,12 +66,11 @@ MAX_PRODUCT_ELEMENTS = 1 << 26
 class DeviceRoutes:
     """A batch's routing on the device: each row's slot, and what the GEMMs derive from it.
 
-    ``slots``: (T,) int64, -1 outside all segments. :meth:`row_scale` is computed on first use
-    and kept, so a cached instance serves every layer of a batch.
+    ``slots``: (T,) int64, -1 outside all segments (:func:`row_slots`). :meth:`row_scale` is
+    computed on first use and kept, so a cached instance serves every layer of a batch.
     """
 
     def __init__(self, slots: torch.Tensor):
-        self.slots = slots
         self.slot_index = slots.clamp(min=0)  #: (T,) int64, 0 outside segments
         self.outside = (slots < 0).unsqueeze(1)  #: (T, 1) bool
         self._row_scale: dict = {}

@@ -89,11 +89,12 @@ def tile(bands: Sequence[tuple[int, int]], width: int) -> bool:
 
 
 def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int) -> torch.Tensor:
-    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: one GEMM per run, written to its rows.
+    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: GEMMs per run, written to its rows.
 
     x: (T, K); weights: (L, S * R, K), slice ``p`` at rows ``[p * R, (p + 1) * R)``. Returns
-    (T, S * R) in x's dtype; a run below ``R`` computes its ``rank`` rows of each slice (a GEMM on
-    a gathered ``(S * rank, K)`` copy of them) and leaves the rank tails zero.
+    (T, S * R) in x's dtype. A run at full rank is one GEMM over all slices; a run below ``R`` is one
+    GEMM per slice over the slice's first ``rank`` rows (views of the pool, no copy), and its rank
+    tails stay zero. A permuted run's rows are gathered once and its results scattered once.
     """
     num_rows, width = x.shape[0], weights.shape[1]
     max_rank = width // num_slices
@@ -103,20 +104,19 @@ def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int)
         if rank == 0:
             continue
         if rank == max_rank:
-            a_t = weights[slot].t()
-        else:  # the rank rows of every slice: (K, S * rank)
-            a_t = weights[slot].view(num_slices, max_rank, -1)[:, :rank].reshape(num_slices * rank, -1).t()
-        if rank == max_rank and isinstance(rows, slice):
-            torch.mm(x[rows], a_t, out=out[rows])
-            continue
-        product = torch.mm(_take(x, rows), a_t)
-        if rank < max_rank:
-            product = product.view(-1, num_slices, rank)
-        target = out.view(num_rows, num_slices, max_rank)[..., :rank] if rank < max_rank else out
-        if isinstance(rows, slice):
-            target[rows] = product
+            blocks = [(slice(0, width), weights[slot])]
         else:
-            target.index_copy_(0, rows, product)
+            starts = range(0, width, max_rank)
+            blocks = [(slice(start, start + rank), weights[slot, start : start + rank]) for start in starts]
+        if isinstance(rows, slice):
+            x_run, run_out = x[rows], out[rows]
+        else:
+            x_run = x.index_select(0, rows)
+            run_out = x.new_empty((x_run.shape[0], width)) if rank == max_rank else x.new_zeros((x_run.shape[0], width))
+        for columns, a in blocks:
+            torch.mm(x_run, a.t(), out=run_out[:, columns])
+        if not isinstance(rows, slice):
+            out.index_copy_(0, rows, run_out)
     return out
 
 
@@ -153,6 +153,12 @@ def expand(
         result = x.new_zeros((num_rows, out_dim))
     fp32 = x.dtype == torch.float32
     for rows, slot, rank in batch.runs:
+        if rank == 0:  # no LoRA: the base output (or zero), as the GEMM over no rank would give
+            if base_output is None:
+                result[rows] = 0
+            else:
+                _put(result, rows, _take(base_output, rows))
+            continue
         x_run = _take(x, rows)
         base_run = None if base_output is None else _take(base_output, rows).to(torch.float32)
         in_place = fp32 and isinstance(rows, slice)
