@@ -1,5 +1,6 @@
 """End to end on CPU: the real engine on the project's tiny model with 8 adapters (and with 1),
-decode-heavy and prefill-heavy workloads (fixed seeds, ``ignore_eos``), tokens/s of ``intel_xpu``
+decode-heavy and prefill-heavy workloads (fixed seeds, fresh prompts in every repeat so that no
+repeat is served from the radix cache, ``ignore_eos``), tokens/s of ``intel_xpu``
 (portable kernels) against SGLang's ``torch_native`` LoRA backend, min/median/max over repeats.
 
     python -m benchmarks.e2e_cpu [--repeats 3] [--quick]
@@ -38,17 +39,20 @@ def run_backend(backend: str, paths, names, workload, repeats, quick) -> list[fl
     requests, prompt_len, output_len = workload
     if quick:
         requests, prompt_len, output_len = 4, min(prompt_len, 64), min(output_len, 8)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 1000) for _ in range(prompt_len)] for _ in range(requests)]
+    def prompts(seed: int) -> list[list[int]]:  # fresh prompts per repeat: no radix-cache hits
+        rng = random.Random(seed)
+        return [[rng.randrange(3, 1000) for _ in range(prompt_len)] for _ in range(requests)]
+
     loras = [names[i % len(names)] for i in range(requests)]
     engine = sglang.Engine(**serving.engine_kwargs(paths, names, lora_backend=backend, max_loras_per_batch=len(names)))
     try:
         params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
-        engine.generate(input_ids=prompts[:2], lora_path=loras[:2], sampling_params=params)  # warm-up
+        engine.generate(input_ids=prompts(0)[:2], lora_path=loras[:2], sampling_params=params)  # warm-up
         rates = []
-        for _ in range(repeats):
+        for repeat in range(repeats):
+            batch = prompts(repeat + 1)
             start = time.perf_counter()
-            engine.generate(input_ids=prompts, lora_path=loras, sampling_params=params)
+            engine.generate(input_ids=batch, lora_path=loras, sampling_params=params)
             elapsed = time.perf_counter() - start
             rates.append(requests * (prompt_len + output_len if output_len < 16 else output_len) / elapsed)
         return rates

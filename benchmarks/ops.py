@@ -258,8 +258,6 @@ def run(args) -> list[dict]:
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
     args.copy_bandwidth = bandwidth
     dtype = {"cpu": torch.float32}.get(args.device, torch.bfloat16)
-    if device.type != "cpu":  # as the plugin's pool patch does in a server (these CPU shapes route on the host)
-        torch_ops.keep_weight_mirrors()
     if device.type == "cuda":
         args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
         print("graph replay check:", args.graph_replay_check, flush=True)

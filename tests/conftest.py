@@ -22,12 +22,11 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def fresh_portable_ops_state(monkeypatch):
-    """Each test starts with the portable ops' per-process caches off (routing per batch, LoRA-B
-    mirrors), as a fresh process does; the backend and the pool patch turn them on when used."""
-    from sglang_xpu_lora.providers import torch_ops
+    """Each test starts with the portable ops' per-batch routing cache off, as a fresh process
+    does; the backend turns it on when used."""
+    from sglang_xpu_lora.providers.torch_routing import cache
 
-    monkeypatch.setattr(torch_ops, "_batch_routes", None)
-    monkeypatch.setattr(torch_ops, "_mirrors", None)
+    monkeypatch.setattr(cache, "_batch_routes", None)
 
 
 @pytest.fixture(scope="session")

@@ -216,28 +216,42 @@ def test_kernels_are_exact_only_on_the_patched_layout(pool_env, spaced):
         assert error > 0.1  # a stale / mis-strided slot is caught by the same comparison
 
 
-def test_adapter_loads_refresh_the_portable_ops_lora_b_mirrors(pool_env, monkeypatch):
-    """The device-routed expand reads a transposed mirror of each LoRA-B buffer (made on first use,
-    kept across batches); loading an adapter into a slot must refresh that slot of the mirror, in
-    place, or the next batch would use the previous tenant's B."""
+@pytest.mark.parametrize("on_host", [True, False], ids=["host-routing", "device-routing"])
+def test_a_resident_nan_adapter_and_its_unload_leave_other_requests_bit_identical(pool_env, monkeypatch, on_host):
+    """SGLang's real pool: a slot whose every A/B weight is NaN, resident but not requested, leaves
+    the rows of the other adapter and of the base model (rows past the segments) bit-identical to
+    the run without it; so does ``remove_lora`` (the unload path), which empties the slot in place:
+    no op keeps a copy of a slot that could go stale."""
     from sglang_xpu_lora.providers import torch_ops
 
-    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    torch_ops.keep_weight_mirrors()
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: on_host)
     pool = pool_env.new_pool(spaced=True)
-    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
-    b = pool.B_buffer["o_proj"][0]
-    mid = torch.randn(3, MAX_RANK)
-    meta = dict(seg_indptr=torch.tensor([0, 3], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
-                lora_ranks=torch.tensor([0, 16], dtype=torch.int32), scalings=torch.tensor([0.0, 1.0]))
-    torch_ops.sgemm_lora_b_fwd(mid, b, **meta)  # makes the mirror
-    (mirror,) = [m for ref, m in torch_ops._mirrors.values() if ref() is b]
-    before = mirror.data_ptr()
-    small, raw = pool_env.adapter("sql-r8")
-    pool_env.load(pool, "sql", 1, small)
-    assert mirror.data_ptr() == before and torch.equal(mirror, b.transpose(1, 2))
-    out = torch_ops.sgemm_lora_b_fwd(mid, b, **meta)
-    assert torch.allclose(out, mid[:, :8] @ peft_weight(raw, 0, "o_proj", "B").T, atol=1e-5)
+    pool_env.load(pool, "sql", 0, pool_env.adapter("sql-r8")[0])
+    meta = dict(seg_indptr=torch.tensor([0, 3, 3], dtype=torch.int32), weight_indices=torch.tensor([0, 1], dtype=torch.int32),
+                lora_ranks=torch.tensor([8, 16], dtype=torch.int32))
+    x = torch.randn(5, pool.A_buffer["qkv_proj"][0].shape[2])  # rows 3 and 4: base-model requests
+
+    def outputs():
+        result = []
+        for layer in range(pool_env.layers):
+            a, b = pool.A_buffer["qkv_proj"][layer], pool.B_buffer["qkv_proj"][layer]
+            q, kv = pool.B_buffer["o_proj"][layer].shape[1], (b.shape[1] - pool.B_buffer["o_proj"][layer].shape[1]) // 2
+            mid = torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta)
+            result += [mid, torch_ops.qkv_lora_b_fwd(
+                input_x=mid, qkv_lora_b=b, output_offset=torch.tensor([0, q, q + kv, q + 2 * kv], dtype=torch.int32),
+                max_qkv_out_dim=q, scalings=torch.tensor([2.0, 1.0]), base_output=torch.ones(5, b.shape[1]), **meta,
+            )]
+        return result
+
+    clean = outputs()
+    pool_env.load(pool, "nan", 1, pool_env.adapter("doc-r16")[0])
+    pool.uid_to_buffer_id["nan"], pool.buffer_id_to_uid[1] = 1, "nan"
+    for buffers in (*pool.A_buffer.values(), *pool.B_buffer.values()):
+        for tensor in buffers:
+            tensor[1].fill_(float("nan"))
+    assert all(torch.equal(got, want) for got, want in zip(outputs(), clean))
+    assert pool.remove_lora("nan") == 1
+    assert all(torch.equal(got, want) for got, want in zip(outputs(), clean))
 
 
 @pytest.fixture

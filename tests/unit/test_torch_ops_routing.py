@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_xpu_lora.providers import torch_ops
+from sglang_xpu_lora.providers.torch_routing import device, host
 
 
 # --- graph safety --------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_cpu_routes_on_the_host_except_small_problems_with_several_runs():
 
 def test_accelerator_tensors_never_read_index_tensors_on_the_host(monkeypatch):
     """On a device other than CPU the host routing is not even considered (it would synchronise)."""
-    monkeypatch.setattr(torch_ops, "_host_runs", None)  # any host routing would fail
+    monkeypatch.setattr(host, "runs", None)  # any host routing would fail
     p = decode_batch()
     meta = {k: v.to("meta") for k, v in p["common"].items()}
     out = torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"].to("meta"), p["a"].to("meta"), 3, 2, permutation=p["permutation"].to("meta"), **meta)
@@ -134,7 +135,6 @@ def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(mon
     """Every layer calls the ops with the same index tensors: after begin_batch() the routing
     kernels run once; the next begin_batch() forgets it, so refilled index tensors are read anew."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    monkeypatch.setattr(torch_ops, "_batch_routes", None)
     p = decode_batch()
 
     def run():  # a fresh view of the permutation each call, as the backend passes it
@@ -175,23 +175,57 @@ def test_a_batch_without_segments_gets_no_lora(routing):
     assert torch.equal(out, torch.zeros(3, 4))
 
 
-def test_mirror_refresh_spans_pools_of_different_sizes_and_forgets_freed_buffers(monkeypatch):
-    """A load into slot 3 of a 4-slot pool must not fail on a 2-slot pool's mirror; mirrors do not
-    keep buffers alive."""
-    import gc
-
+def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
+    """A long batch's expand runs in row chunks (bounded all-slot products): the same numbers, to the
+    rounding of a GEMM with fewer rows, for bands known on the host (gate_up) and bands read on the
+    device (qkv)."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    torch_ops.keep_weight_mirrors()
-    meta = dict(seg_indptr=torch.tensor([0, 2], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
-                lora_ranks=torch.tensor([4] * 4), scalings=torch.ones(4))
-    small, large = torch.randn(2, 6, 4), torch.randn(4, 6, 4)
-    for b in (small, large):
-        torch_ops.sgemm_lora_b_fwd(torch.ones(2, 4), b, **meta)  # makes both mirrors
-    large[3] = 1.0
-    torch_ops.refresh_weight_mirrors(3)
-    (mirror,) = [m for ref, m in torch_ops._mirrors.values() if ref() is large]
-    assert torch.equal(mirror[3], torch.ones(4, 6))
-    del small
-    gc.collect()
-    torch_ops.refresh_weight_mirrors(0)
-    assert len(torch_ops._mirrors) == 1
+    p = decode_batch()
+    common = dict(p["common"], permutation=p["permutation"])
+
+    def run():
+        return (
+            torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], base_output=p["base"], **common),
+            torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **p["common"]),
+        )
+
+    whole = run()
+    monkeypatch.setattr(device, "MAX_PRODUCT_ELEMENTS", 7 * 2 * 10 * 3)  # 7 rows per chunk: 9 chunks, the last short
+    for chunked, one_chunk in zip(run(), whole):
+        torch.testing.assert_close(chunked, one_chunk, rtol=1e-6, atol=1e-6)
+
+
+class GemmShapes(TorchDispatchMode):
+    """Records (rows, inner, columns) of every mm/addmm."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in ("mm", "addmm"):
+            a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
+            self.shapes.append((a.shape[0], a.shape[1], b.shape[1]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_routing_contracts_over_each_slots_real_rank(monkeypatch):
+    """Slot ranks 0 (the base model's slot), 2 and 4 under max_rank 4: the rank-0 run does no GEMM,
+    the rank-2 run's shrink and expand GEMMs have 2 rank columns / an inner size of 2, per slice
+    (the shrink once that saves more than the extra calls cost: made so here)."""
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: True)
+    monkeypatch.setattr(host, "REAL_RANK_MIN_SAVING", 0)
+    p = decode_batch()
+    meta = dict(seg_indptr=torch.tensor([0, 10, 30, 64], dtype=torch.int32),
+                weight_indices=torch.tensor([0, 1, 2], dtype=torch.int32), lora_ranks=torch.tensor([0, 2, 4]))
+    a, b = torch.randn(3, 12, 16), torch.randn(3, 10, 4)
+    a.view(3, 3, 4, 16)[1, :, 2:] = 0
+    b[1, :, 2:] = 0
+    with GemmShapes() as shrink:
+        mid = torch_ops.sgemm_lora_a_fwd(p["x"], a, 3, **meta)
+    with GemmShapes() as expand:
+        torch_ops.qkv_lora_b_fwd(mid, b, p["offsets"], 6, scalings=p["scalings"].new_ones(3), **meta)
+    assert shrink.shapes == [(20, 16, 2)] * 3 + [(34, 16, 12)]
+    assert expand.shapes == [(20, 2, 6), (20, 2, 2), (20, 2, 2), (34, 4, 6), (34, 4, 2), (34, 4, 2)]
+    assert torch.equal(mid[:10], torch.zeros(10, 12))

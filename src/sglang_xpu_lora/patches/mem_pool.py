@@ -7,18 +7,22 @@ Why: SGLang writes stacked dense LoRA-A (qkv, gate_up, ...) packed at stride ``r
     numbers and a reused slot leaks its previous tenant.
 How: ``init_memory_pool`` marks the pool of a manager whose backend needs the spaced layout
     (:func:`needs_spaced_layout`: the backend instance's ``needs_max_rank_spaced_layout``, else its
-    spec's; per manager: speculative decoding may build a second manager with another backend). For a marked pool,
-    loading an adapter into a slot first zeroes the whole slot (SGLang's
+    spec's; per manager: speculative decoding may build a second manager with another backend).
+    For a marked pool, loading an adapter into a slot first zeroes the whole slot (SGLang's
     ``_clear_buffer_slot_for_base``: A, B, embedding, lm_head), lets SGLang write it, then moves
-    stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are untouched. Marking a pool also turns on the portable ops' transposed LoRA-B mirrors
-    (:func:`~sglang_xpu_lora.providers.torch_ops.keep_weight_mirrors`); every load (any pool,
-    the base slot's zeroing and failed loads included) refreshes that slot of each mirror. Runs on
-    the loader's stream, so it also holds with ``--enable-lora-overlap-loading``. The pool is then
-    handed to a backend that asks for it (:data:`BACKEND_POOL_ATTR`), which checks
+    stacked A slices from row ``p * r`` to ``p * max_lora_rank``. Unmarked pools are untouched.
+    Runs on the loader's stream, so it also holds with ``--enable-lora-overlap-loading``. No op
+    keeps a copy of pool weights (every provider reads the pool's buffers in place), so a slot
+    emptied by SGLang (``remove_lora`` / ``_clear_buffer_slot_for_base``) is empty everywhere. The
+    pool is then handed to a backend that asks for it (:data:`BACKEND_POOL_ATTR`), which checks
     :func:`has_spaced_layout` before serving: if either hook did not run (``HookRegistry`` only logs
     a hook it could not apply), the backend refuses instead of computing on the packed layout.
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
-    ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor).
+    ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor). The pool
+    is made in ``ModelRunner.initialize`` (``maybe_init_lora_manager``, model_runner.py l.733),
+    before the scheduler's ``alloc_memory_pool`` sizes the KV cache from the free device memory
+    (``KVCacheConfigurator._profile_available_bytes``, kv_cache_configurator.py l.2990), so device
+    memory allocated in the ``init_memory_pool`` hook is accounted for by that sizing.
 Remove when: SGLang's pool has a max-rank-spaced layout option for dense modules.
 """
 
@@ -91,26 +95,17 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         result = original(manager, *args, **kwargs)
         spaced = needs_spaced_layout(registry, manager.lora_backend)
         setattr(manager.memory_pool, SPACED_LAYOUT_ATTR, spaced)
-        if spaced:
-            from sglang_xpu_lora.providers import torch_ops  # lazily: plugin load imports no ops
-
-            torch_ops.keep_weight_mirrors()
         _hand_pool_to_backend(manager)
         return result
 
     def around_load_lora_weight_to_buffer(original, pool, uid, buffer_id, lora_adapter, *args, **kwargs):
-        from sglang_xpu_lora.providers import torch_ops
-
         setattr(pool, _RESPACING_ATTR, True)
-        try:
-            if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
-                return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
-            pool._clear_buffer_slot_for_base(buffer_id)
-            result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
-            respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
-            return result
-        finally:  # also after a failed load: the mirror follows whatever the slot now holds
-            torch_ops.refresh_weight_mirrors(buffer_id)
+        if uid is None or not getattr(pool, SPACED_LAYOUT_ATTR, False):
+            return original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
+        pool._clear_buffer_slot_for_base(buffer_id)
+        result = original(pool, uid, buffer_id, lora_adapter, *args, **kwargs)
+        respace_stacked_lora_a(pool, buffer_id, lora_adapter.config.r)
+        return result
 
     queue_hook(targets.LORA_MANAGER_INIT_MEMORY_POOL, around_init_memory_pool, "AROUND", undo)
     queue_hook(targets.POOL_LOAD_WEIGHTS, around_load_lora_weight_to_buffer, "AROUND", undo)

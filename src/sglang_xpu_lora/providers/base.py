@@ -7,9 +7,10 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   non-decreasing; empty segments are allowed. Rows at or past ``seg_indptr[-1]`` belong to no
   segment and receive no LoRA contribution.
 * ``weight_indices``: ``(num_segments,)`` int32, the pool slot of each segment.
-* ``lora_ranks``: ``(max_loras,)``, the rank of each slot. The GEMM ops contract over the full
-  ``max_rank`` and do **not** read it (the caller must keep rank tails zero: A rows and B columns
-  at or past the adapter's rank); only the embedding op masks the rank tail.
+* ``lora_ranks``: ``(max_loras,)``, the rank of each slot. The caller must keep rank tails zero
+  (A rows and B columns at or past the adapter's rank): the native GEMM ops (and the portable ones
+  routed on the device) contract over the full ``max_rank`` without reading it, the portable ops
+  routed on the host contract over each slot's rank; only the embedding op masks the rank tail.
 * ``scalings``: ``(max_loras,)`` float32, ``lora_alpha / r`` per slot, applied in the B (expand) stage.
 * ``permutation`` (chunked ops): ``(num_tokens,)`` int32 logical-to-physical row map; segments then
   describe logical order. ``None`` means segments are in physical row order.

@@ -1,0 +1,176 @@
+"""Routing on the device: sync-free and graph-capturable, for accelerators and small CPU problems.
+
+No loop over segments or requests, no host synchronisation, no data-dependent shapes. Each token
+row is mapped to its pool slot on the device (:func:`row_slots`: ``searchsorted`` over
+``seg_indptr``, then a scatter through ``permutation``), so every op is a fixed sequence of kernels
+whose shapes depend only on tensor shapes and can be captured in a CUDA/XPU graph.
+
+Both GEMMs compute every row's product with every slot's weights in one batched GEMM and then
+**gather** each row's own slot (shrink: ``(T, K) @ (K, L*N)``; expand: ``(T, R) @ (R, N)`` per slot).
+A row's result is therefore a copy of its own slot's product, never a sum over slots: whatever
+another slot holds (NaN, Inf, a previous tenant's weights), no other row reads it, and rows outside
+every segment are set to zero (or ``base_output``) by selection, not by multiplying with zero. This
+costs ``L`` times the FLOPs of a grouped GEMM and a ``(T, L, N)`` intermediate (bounded by row
+chunks, :data:`MAX_PRODUCT_ELEMENTS`), in exchange for a handful of kernels; it reads LoRA-B in the
+pool's own ``(L, N, R)`` layout (no transposed copy). The same selection makes a slot that the
+loader stream is rewriting (``--enable-lora-overlap-loading``: SGLang never loads into a slot a
+running batch uses) harmless to the batches in flight: their rows never keep its products.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def row_slots(
+    seg_indptr: torch.Tensor,
+    weight_indices: torch.Tensor,
+    num_rows: int,
+    permutation: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Pool slot of every physical token row: ``(num_rows,)`` int64, ``-1`` outside all segments.
+
+    Segment ``s`` covers logical positions ``[seg_indptr[s], seg_indptr[s + 1])``; with a
+    permutation, logical position ``i`` is physical row ``permutation[i]``. Positions outside
+    ``[seg_indptr[0], seg_indptr[-1])`` belong to no segment. In a replayed decode graph the rows
+    past the live batch are padding and ``permutation`` entries past ``seg_indptr[-1]`` are left
+    over from earlier batches: they are ignored, whatever rows they point at.
+    """
+    device = seg_indptr.device
+    num_segments = seg_indptr.numel() - 1
+    if num_segments <= 0:
+        return torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+    positions = torch.arange(num_rows, device=device, dtype=seg_indptr.dtype)
+    # Last segment whose start is <= position; empty segments are skipped by right=True.
+    segment = torch.searchsorted(seg_indptr.contiguous(), positions, right=True) - 1
+    inside = (positions >= seg_indptr[0]) & (positions < seg_indptr[-1])
+    slot = weight_indices[:num_segments].to(torch.int64)[segment.clamp(0, num_segments - 1)]
+    logical = torch.where(inside, slot, -1)
+    if permutation is None:
+        return logical
+    # Scatter through the permutation; stale entries (logical -1) are sent to row 0 and lose
+    # against any real slot under amax, so they can neither clear nor overwrite a live row.
+    targets = torch.where(inside, permutation[:num_rows].to(torch.int64), 0)
+    physical = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+    return physical.scatter_reduce(0, targets, logical, reduce="amax")
+
+
+#: The expand handles its rows in chunks whose all-slot products stay within this many elements
+#: (64M: 128 MiB in bf16), so a long prefill does not allocate ``T * L * N`` at once. Decode
+#: batches up to a few hundred tokens are one chunk. Chunks are fixed by shapes: graph-capturable.
+MAX_PRODUCT_ELEMENTS = 1 << 26
+
+
+class DeviceRoutes:
+    """A batch's routing on the device: each row's slot, and what the GEMMs derive from it.
+
+    ``slots``: (T,) int64, -1 outside all segments (:func:`row_slots`). :meth:`row_scale` is
+    computed on first use and kept, so a cached instance serves every layer of a batch.
+    """
+
+    def __init__(self, slots: torch.Tensor):
+        self.slot_index = slots.clamp(min=0)  #: (T,) int64, 0 outside segments
+        self.outside = (slots < 0).unsqueeze(1)  #: (T, 1) bool
+        self._row_scale: dict = {}
+
+    def row_scale(self, scalings: torch.Tensor) -> torch.Tensor:
+        """(T, 1) fp32: ``scalings[slot]`` per row, 0 outside segments."""
+        key = id(scalings)
+        if key not in self._row_scale:
+            scale = scalings.to(torch.float32)[self.slot_index].unsqueeze(1).masked_fill(self.outside, 0)
+            self._row_scale[key] = (scalings, scale)  # keeps ``scalings`` alive, so its id stays valid
+        return self._row_scale[key][1]
+
+    def own(self, every_slot: torch.Tensor) -> torch.Tensor:
+        """Each row's own slot from ``every_slot`` (T, L, N): (T, N), zero outside segments."""
+        return _gather_own(every_slot, self.slot_index, self.outside)
+
+
+def _gather_own(every_slot: torch.Tensor, slot_index: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """``every_slot[t, slot_index[t]]`` for each row t of (T, L, N): (T, N), zero where ``outside``.
+
+    A selection, not a product with a one-hot row: no other slot's value (NaN, Inf) reaches the row.
+    """
+    num_rows, _, width = every_slot.shape
+    own = every_slot.gather(1, slot_index.view(num_rows, 1, 1).expand(num_rows, 1, width))
+    return own.view(num_rows, width).masked_fill(outside, 0)
+
+
+def shrink(x: torch.Tensor, weights: torch.Tensor, routes: DeviceRoutes) -> torch.Tensor:
+    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside segments; (T, N) in x's dtype.
+
+    x: (T, K); weights: (L, N, K). One GEMM ``(T, K) @ (K, L*N)``, then each row gathers its slot.
+    """
+    num_rows, hidden = x.shape
+    num_slots, out_dim, _ = weights.shape
+    every_slot = torch.mm(x, weights.reshape(num_slots * out_dim, hidden).t())
+    return routes.own(every_slot.view(num_rows, num_slots, out_dim))
+
+
+def expand(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    routes: DeviceRoutes,
+    scalings: torch.Tensor,
+    num_slices: int,
+    base_output: Optional[torch.Tensor],
+    *,
+    bands: Optional[Sequence[tuple[int, int]]] = None,
+    slice_offsets: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``out[t, band_p] = scalings[l] * x[t, p*R:(p+1)*R] @ weights[l, band_p]^T (+ base)``.
+
+    ``l`` is the row's slot; x: (T, S * R); weights: (L, N, R); scalings: (L,); base_output:
+    optional (T, N). Returns (T, N) in x's dtype: the GEMM is rounded to x's dtype, scaled and added
+    to ``base_output`` in fp32. Bands come from host ``bands`` when known statically (consecutive,
+    tiling ``[0, N)``), else from the device tensor ``slice_offsets`` (``(S + 1,)``), without reading
+    it on the host (see :func:`_own_products`). Rows go in chunks of at most
+    :data:`MAX_PRODUCT_ELEMENTS` all-slot products.
+    """
+    num_rows = x.shape[0]
+    num_slots, out_dim, _ = weights.shape
+    column_slice = None
+    if bands is None:  # (N,): the slice of each output column; num_slices past the last offset
+        column_slice = torch.searchsorted(
+            slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
+        )
+    per_row = num_slots * out_dim * (num_slices if bands is None else 1)
+    chunk = max(1, MAX_PRODUCT_ELEMENTS // per_row)
+    if num_rows <= chunk:
+        out = _own_products(x, weights, routes.slot_index, routes.outside, num_slices, bands, column_slice)
+    else:
+        out = x.new_empty((num_rows, out_dim))
+        for start in range(0, num_rows, chunk):  # static: shapes only
+            rows = slice(start, min(start + chunk, num_rows))
+            out[rows] = _own_products(
+                x[rows], weights, routes.slot_index[rows], routes.outside[rows], num_slices, bands, column_slice
+            )
+    scale = routes.row_scale(scalings)
+    if base_output is None:
+        return torch.mul(out, scale).to(x.dtype)
+    return torch.addcmul(base_output.to(torch.float32), out, scale).to(x.dtype)
+
+
+def _own_products(x, weights, slot_index, outside, num_slices, bands, column_slice) -> torch.Tensor:
+    """(C, N) in x's dtype: each row's expand GEMM with its own slot, zero outside segments.
+
+    With host ``bands``: per band, one batched GEMM of the row's slice with every slot,
+    ``(L, C, band)``, then the row's slot. Else one GEMM gives every slice's product with every
+    slot over all columns, ``(C, S, L, N)``, and each element gathers its row's slot and its
+    column's slice (``column_slice``, (N,)); columns past the last offset get zero.
+    """
+    num_rows = x.shape[0]
+    num_slots, out_dim, max_rank = weights.shape
+    if bands is None:
+        every = torch.mm(x.reshape(num_rows * num_slices, max_rank), weights.reshape(num_slots * out_dim, max_rank).t())
+        which = column_slice.clamp(max=num_slices - 1) * num_slots + slot_index.unsqueeze(1)  # (C, N) into S*L
+        own = every.view(num_rows, num_slices * num_slots, out_dim).gather(1, which.unsqueeze(1)).squeeze(1)
+        return own.masked_fill(outside | (column_slice == num_slices), 0)
+    x_slices = x.reshape(num_rows, num_slices, max_rank)
+    parts = [  # static: one per stacked projection
+        _gather_own(torch.matmul(x_slices[:, p], weights[:, start:end].transpose(1, 2)).transpose(0, 1), slot_index, outside)
+        for p, (start, end) in enumerate(bands)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

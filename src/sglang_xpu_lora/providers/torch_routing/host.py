@@ -1,0 +1,191 @@
+"""Routing on the host: grouped GEMMs over runs of one slot, for CPU tensors.
+
+On a CPU, reading an index tensor is a memory load, not a device synchronisation. Segments are
+read with ``tolist()``, consecutive segments of one slot are merged into runs, and each run is one
+GEMM against its own slot only (a grouped GEMM, as the XPU kernels do). A permuted run's rows are
+gathered and its results scattered per run, so a decode batch of ``T`` requests over ``n`` adapters
+costs ``n`` GEMMs per slice, not ``T`` (SGLang's ``torch_native`` issues one per segment), and the
+output is written once: on a CPU these ops are bound by memory traffic, not FLOPs.
+
+Runs also carry their slot's rank, read from ``lora_ranks`` on the host, and the GEMMs contract
+over it rather than over the pool's ``max_rank`` (the shrink only where that saves more than the
+extra GEMM calls cost): the rank tail is zero (the pool's layout contract), so the result is the
+same and an adapter below ``--max-lora-rank`` costs its own rank, as in SGLang's ``torch_native``
+backend. A run of a rank-0 slot (the base model's) does no GEMM.
+Rows outside every run get zero (or ``base_output``); a slot's weights are read by its runs only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import torch
+
+Rows = Union[slice, torch.Tensor]  #: a run's physical rows: a slice, or (n,) int64 indices
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """A batch as runs of rows that share a slot, read on the host: ``((rows, slot, rank), ...)``.
+
+    ``rows`` is a ``slice`` of physical rows when the run is contiguous (no permutation, or an
+    identity one), else the run's physical row indices ((n,) int64, from the permutation);
+    ``rank`` is the slot's ``lora_ranks`` entry clamped to ``[0, max_rank]``.
+    """
+
+    runs: tuple
+    num_covered: int  #: rows in some run
+
+    def covers(self, num_rows: int) -> bool:
+        """Whether every one of ``num_rows`` rows is in a run."""
+        return self.num_covered == num_rows
+
+
+def runs(seg_indptr, weight_indices, lora_ranks, num_rows: int, max_rank: int, permutation=None) -> Runs:
+    """Runs of a batch (see :func:`.device.row_slots` for the segment and permutation semantics):
+    consecutive segments of one slot merge into one run; empty segments are dropped."""
+    bounds = [min(max(b, 0), num_rows) for b in seg_indptr.tolist()]
+    slots = weight_indices.tolist()
+    ranks = lora_ranks.tolist()
+    merged: list = []
+    for s in range(len(bounds) - 1):
+        start, end, slot = bounds[s], bounds[s + 1], int(slots[s])
+        if end <= start:
+            continue
+        if merged and merged[-1][2] == slot and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end, slot)
+        else:
+            merged.append((start, end, slot))
+    covered = merged[-1][1] - merged[0][0] if merged else 0
+
+    def rank(slot: int) -> int:
+        return min(max(int(ranks[slot]), 0), max_rank)
+
+    if permutation is not None and merged:
+        low, high = merged[0][0], merged[-1][1]
+        order = permutation[low:high].to(torch.int64)
+        if not torch.equal(order, torch.arange(low, high)):
+            return Runs(tuple((order[start - low : end - low], slot, rank(slot)) for start, end, slot in merged), covered)
+    return Runs(tuple((slice(start, end), slot, rank(slot)) for start, end, slot in merged), covered)
+
+
+def _take(tensor: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Rows of ``tensor``: a view for a slice, a gathered copy for an index tensor."""
+    return tensor[rows] if isinstance(rows, slice) else tensor.index_select(0, rows)
+
+
+def _put(out: torch.Tensor, rows: Rows, values: torch.Tensor) -> None:
+    """``out[rows] = values`` (cast to out's dtype)."""
+    if isinstance(rows, slice):
+        out[rows].copy_(values)
+    else:
+        out.index_copy_(0, rows, values.to(out.dtype))
+
+
+def tile(bands: Sequence[tuple[int, int]], width: int) -> bool:
+    """Whether ``bands`` are consecutive and cover ``[0, width)``."""
+    edges = [edge for band in bands for edge in band]
+    return edges[0] == 0 and edges[-1] == width and all(a == b for a, b in zip(edges[1:-1:2], edges[2::2]))
+
+
+#: A shrink run below ``max_rank`` contracts over its own rank (one GEMM per slice) when that saves
+#: more than this many multiply-adds; below it, one GEMM over all slices costs less than the calls.
+REAL_RANK_MIN_SAVING = 1 << 19
+
+
+def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int) -> torch.Tensor:
+    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: GEMMs per run, written to its rows.
+
+    x: (T, K); weights: (L, S * R, K), slice ``p`` at rows ``[p * R, (p + 1) * R)``. Returns
+    (T, S * R) in x's dtype. A run is one GEMM over all slices, or, below ``R`` when it saves more
+    than :data:`REAL_RANK_MIN_SAVING` multiply-adds, one GEMM per slice over the slice's first
+    ``rank`` rows (views of the pool, no copy), its rank tails left zero; a rank-0 run is none. A
+    permuted run's rows are gathered once and its results scattered once.
+    """
+    num_rows, hidden, width = x.shape[0], x.shape[1], weights.shape[1]
+    max_rank = width // num_slices
+    plans = []
+    for rows, slot, rank in batch.runs:
+        run_rows = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
+        if run_rows * hidden * num_slices * (max_rank - rank) <= REAL_RANK_MIN_SAVING and rank > 0:
+            rank = max_rank  # the zero tail costs less than the extra GEMM calls
+        plans.append((rows, slot, rank))
+    full = all(rank == max_rank for _, _, rank in plans)
+    out = x.new_empty((num_rows, width)) if full and batch.covers(num_rows) else x.new_zeros((num_rows, width))
+    for rows, slot, rank in plans:
+        if rank == 0:
+            continue
+        if rank == max_rank:
+            blocks = [(slice(0, width), weights[slot])]
+        else:
+            starts = range(0, width, max_rank)
+            blocks = [(slice(start, start + rank), weights[slot, start : start + rank]) for start in starts]
+        if isinstance(rows, slice):
+            x_run, run_out = x[rows], out[rows]
+        else:
+            x_run = x.index_select(0, rows)
+            run_out = x.new_empty((x_run.shape[0], width)) if rank == max_rank else x.new_zeros((x_run.shape[0], width))
+        for columns, a in blocks:
+            torch.mm(x_run, a.t(), out=run_out[:, columns])
+        if not isinstance(rows, slice):
+            out.index_copy_(0, rows, run_out)
+    return out
+
+
+def expand(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    batch: Runs,
+    scalings: torch.Tensor,
+    bands: Sequence[tuple[int, int]],
+    base_output: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``out[t, band_p] = scalings[l] * x[t, p*R:p*R+rank] @ weights[l, band_p, :rank]^T (+ base)``:
+    one GEMM per run and slice, in fp32.
+
+    x: (T, S * R); weights: (L, N, R); bands: ``S`` host ``(start, end)`` column ranges. Returns
+    (T, N) in x's dtype. The output is written once: each run's rows are computed in an fp32
+    buffer (in fp32, the output rows themselves when contiguous, with the scaling as the GEMM's
+    ``alpha`` and ``base_output`` as its ``beta = 1`` input) and stored once. A permuted run's rows
+    are gathered and scattered per run, so its buffer stays small. Other dtypes round the GEMM to
+    x's dtype before scaling, as the device routing does.
+
+    Raises:
+        ValueError: if the slice bands do not tile ``[0, N)`` (read from ``slice_offsets``).
+    """
+    num_rows, out_dim, max_rank = x.shape[0], weights.shape[1], weights.shape[2]
+    if not tile(bands, out_dim):
+        raise ValueError(f"slice offsets {bands} must tile the {out_dim} output columns from 0")
+    scale = scalings.tolist()
+    if batch.covers(num_rows):
+        result = x.new_empty((num_rows, out_dim))
+    elif base_output is not None:
+        result = base_output.to(x.dtype, copy=True)
+    else:
+        result = x.new_zeros((num_rows, out_dim))
+    fp32 = x.dtype == torch.float32
+    for rows, slot, rank in batch.runs:
+        if rank == 0:  # no LoRA: the base output (or zero), as the GEMM over no rank would give
+            if base_output is None:
+                result[rows] = 0
+            else:
+                _put(result, rows, _take(base_output, rows))
+            continue
+        x_run = _take(x, rows)
+        base_run = None if base_output is None else _take(base_output, rows).to(torch.float32)
+        in_place = fp32 and isinstance(rows, slice)
+        acc = result[rows] if in_place else torch.empty((x_run.shape[0], out_dim), dtype=torch.float32)
+        for p, (low, high) in enumerate(bands):
+            x_p, b_t, acc_p = x_run[:, p * max_rank : p * max_rank + rank], weights[slot, low:high, :rank].t(), acc[:, low:high]
+            if fp32 and base_run is None:
+                acc_p.addmm_(x_p, b_t, beta=0, alpha=scale[slot])
+            elif fp32:
+                torch.addmm(base_run[:, low:high], x_p, b_t, alpha=scale[slot], out=acc_p)
+            elif base_run is None:  # round the GEMM to x's dtype, as the device path does
+                torch.mul(torch.mm(x_p, b_t).to(torch.float32), scale[slot], out=acc_p)
+            else:
+                torch.add(base_run[:, low:high], torch.mm(x_p, b_t).to(torch.float32), alpha=scale[slot], out=acc_p)
+        if not in_place:
+            _put(result, rows, acc)
+    return result
