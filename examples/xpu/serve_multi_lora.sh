@@ -13,7 +13,7 @@
 #   ADAPTERS                 "name=path name=path ...": PEFT LoRA adapters (required)
 #   DEVICE=xpu               SGLang's --device
 #   LORA_BACKEND=intel_xpu   --lora-backend (another one to compare, e.g. triton)
-#   SGLANG_XPU_LORA_KERNELS  which kernels intel_xpu uses: auto (default), native or torch
+#   SGLANG_XPU_LORA_KERNELS  which kernels intel_xpu uses: auto (default), native, triton or torch
 #   MAX_LORA_RANK=64         at least the largest adapter rank
 #   MAX_LORAS_PER_BATCH      adapters one batch may use; default: the number of adapters + 1
 #   TP_SIZE=1                GPUs to shard the model over (tensor parallelism)
