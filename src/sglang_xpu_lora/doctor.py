@@ -119,7 +119,7 @@ def render_ops(ops: list[dict[str, Any]]) -> list[str]:
     width = max((len(op["op"]) for op in ops), default=0)
     lines = []
     for op in ops:
-        safe = "capture-safe" if op["capture_safe"] else "not capture-safe"
+        safe = "graph-safe" if op["capture_safe"] else "not graph-safe"
         lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
         if op["graph_reason"] != op["reason"]:
             lines.append(f"  {'':<{width}}  {'':>6}   {'':<6}  {'in graphs:':<16}  {op['graph_reason']}")
@@ -223,7 +223,7 @@ def render(report: dict[str, Any]) -> str:
         f"  XPU visible   {'yes' if report['xpu_visible'] else 'no'} (serving device: {report['device']})",
         f"  SGLANG_XPU_LORA_KERNELS={report['kernels']}",
         "",
-        "LoRA ops (eager provider / inside graphs, capture-safe, why):",
+        "LoRA ops (provider outside / inside XPU graphs; safe to record in a graph; why):",
         *render_ops(report["ops"]),
     ]
     if "pool_layout" in report:
