@@ -7,8 +7,10 @@ its extra (added-token) rows. Every row that does not belong to that slot must t
 ``remove_lora``), whether the poisoned slot is only resident or also requested by other rows of the
 batch, and the same again once the slot is emptied (zeroed in place, as ``remove_lora`` does).
 
-Providers: the portable ops routed on the host and on the device (both forced on CPU tensors), and
-the op table selected over each emulated sgl-kernel-xpu build (native ops where the build has them).
+Providers: the portable ops routed on the host and on the device (both forced on CPU tensors), the
+op table selected over each emulated sgl-kernel-xpu build (native ops where the build has them), and
+SGLang's Triton kernels (the ``triton`` provider, in Triton's interpreter: fp32 and fp16, since the
+interpreter has no bfloat16 arithmetic, see test_triton_ops.py).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def weights(poison: float, dtype) -> dict:
 
 
 def run_all(ops, w, meta, permutation, dtype) -> dict:
-    """Each op's output for one pool state."""
+    """Each op's output for one pool state (each op gets its own copy of ``base_output``: the Triton
+    B kernels add into it in place, as in SGLang)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(ROWS, HIDDEN, generator=gen).to(dtype)
     mid = torch.randn(ROWS, 3 * RANK, generator=gen).to(dtype)
@@ -95,11 +98,11 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
         ),
         "shrink": ops.sgemm_lora_a_fwd(input_x=x, weights=w["a"], stack_num=3, **meta),
         "expand": ops.sgemm_lora_b_fwd(
-            input_x=mid[:, :RANK].contiguous(), weights=w["b"], scalings=scalings, base_output=base, **meta
+            input_x=mid[:, :RANK].contiguous(), weights=w["b"], scalings=scalings, base_output=base.clone(), **meta
         ),
         "lm_head": ops.sgemm_lora_b_fwd(input_x=mid[:, :RANK].contiguous(), weights=w["lm_head_b"], scalings=scalings, **meta),
         "qkv": ops.qkv_lora_b_fwd(
-            input_x=mid, qkv_lora_b=w["b"], output_offset=offsets, max_qkv_out_dim=8, scalings=scalings, base_output=base, **meta
+            input_x=mid, qkv_lora_b=w["b"], output_offset=offsets, max_qkv_out_dim=8, scalings=scalings, base_output=base.clone(), **meta
         ),
         "gate_up": ops.gate_up_lora_b_fwd(
             input_x=mid[:, : 2 * RANK].contiguous(), gate_up_lora_b=w["gate_up_b"], output_dim=8, scalings=scalings, **meta
@@ -109,15 +112,51 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
         ),
         "chunked_expand": ops.chunked_sgmv_lora_expand_fwd(
             input_x=mid, weights=w["b"], slice_offsets=offsets, max_slice_size=8, num_slices=3, num_segments=3,
-            scalings=scalings, permutation=permutation, base_output=base, **meta,
+            scalings=scalings, permutation=permutation, base_output=base.clone(), **meta,
         ),
     }
 
 
-@pytest.mark.parametrize("requested", [False, True], ids=["resident", "requested"])
-@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+class TritonOps:
+    """The ``triton`` provider as the backend calls it: each op also gets SGLang's batch info for
+    its segments, with every slot's rank padded to ``RANK`` (the spaced pool)."""
+
+    def __getattr__(self, op):
+        from test_triton_ops import kernel_batch_info
+
+        from sglang_xpu_lora.providers import triton_ops
+
+        def call(**kwargs):
+            info = kernel_batch_info(
+                kwargs["seg_indptr"], kwargs["weight_indices"], torch.full((SLOTS,), RANK, dtype=torch.int32),
+                kwargs.get("scalings", torch.ones(SLOTS)), kwargs.get("permutation"),
+            )
+            return getattr(triton_ops, op)(**kwargs, batch_info=info)
+
+        return call
+
+
+POISONS = pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+REQUESTED = pytest.mark.parametrize("requested", [False, True], ids=["resident", "requested"])
+
+
+@REQUESTED
+@POISONS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_a_non_finite_slot_leaves_every_other_row_bit_identical(ops, poison, requested, dtype):
+    check_isolation(ops, poison, requested, dtype)
+
+
+@REQUESTED
+@POISONS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_triton_provider_keeps_a_non_finite_slot_to_its_own_rows(poison, requested, dtype):
+    check_isolation(TritonOps(), poison, requested, dtype)
+
+
+def check_isolation(ops, poison, requested, dtype):
+    """Rows of other slots are bit-identical with the poisoned slot resident (or requested) and after
+    it is emptied in place."""
     meta, permutation, own, physical_slot = batch(requested)
     clean = run_all(ops, weights(0.0, dtype), meta, permutation, dtype)
     poisoned_pool = weights(poison, dtype)
