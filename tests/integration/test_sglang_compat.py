@@ -19,6 +19,23 @@ def test_every_target_resolves_to_a_real_symbol():
         assert compat.resolve(target) is not None, target
 
 
+def test_the_triton_providers_kernels_are_guarded():
+    """Every SGLang function the triton provider calls is a compat target, so a moved or changed
+    kernel is named at plugin load instead of failing at the first forward."""
+    import inspect
+
+    from sglang_xpu_lora.providers import triton_ops
+
+    guarded = [compat.resolve(target) for target in targets.ALL]
+    called = vars(triton_ops._kernels()).values()
+    assert called and all(any(kernel is g for g in guarded) for kernel in called)
+    assert all(target in targets.ALL and target in targets.REQUIRED_PARAMETERS for target in (
+        targets.TRITON_EMBEDDING_LORA_A, targets.TRITON_SGEMM_LORA_A, targets.TRITON_SGEMM_LORA_B,
+        targets.TRITON_QKV_LORA_B, targets.TRITON_GATE_UP_LORA_B,
+    ))
+    assert "n_slices" in inspect.signature(compat.resolve(targets.TRITON_QKV_LORA_B)).parameters
+
+
 def test_moved_symbol_is_named(monkeypatch):
     moved = "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weights_renamed"
     monkeypatch.setattr(targets, "ALL", targets.ALL + (moved,))

@@ -42,6 +42,14 @@ TRITON_SGEMM_INFO = TRITON_BACKEND + "._sgemm_info"
 TRITON_INIT_PREFILL_GRAPH_INFO = TRITON_BACKEND + ".init_prefill_cuda_graph_batch_info"
 TRITON_INIT_DECODE_GRAPH_INFO = TRITON_BACKEND + ".init_decode_cuda_graph_batch_info"
 LORA_BATCH_INFO = "sglang.srt.lora.utils.LoRABatchInfo"
+# SGLang's Triton LoRA kernels, called by the triton provider (providers/triton_ops.py); the parent
+# backend's module imports them already, so resolving them imports nothing more.
+_TRITON_DENSE = "sglang.kernels.ops.lora.dense."
+TRITON_EMBEDDING_LORA_A = _TRITON_DENSE + "embedding_lora_a.embedding_lora_a_fwd"
+TRITON_SGEMM_LORA_A = _TRITON_DENSE + "sgemm_lora_a.sgemm_lora_a_fwd"
+TRITON_SGEMM_LORA_B = _TRITON_DENSE + "sgemm_lora_b.sgemm_lora_b_fwd"
+TRITON_QKV_LORA_B = _TRITON_DENSE + "qkv_lora_b.qkv_lora_b_fwd"
+TRITON_GATE_UP_LORA_B = _TRITON_DENSE + "gate_up_lora_b.gate_up_lora_b_fwd"
 FUSED_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"  # LoRA on it runs outside the backend
 LORA_BATCH_LAYOUT = "sglang.srt.runtime_context.LoRABatchLayout"
 PREFILL_GRAPH_RUNNER_INIT = (
@@ -81,6 +89,11 @@ ALL = (
     TRITON_INIT_PREFILL_GRAPH_INFO,
     TRITON_INIT_DECODE_GRAPH_INFO,
     LORA_BATCH_INFO,
+    TRITON_EMBEDDING_LORA_A,
+    TRITON_SGEMM_LORA_A,
+    TRITON_SGEMM_LORA_B,
+    TRITON_QKV_LORA_B,
+    TRITON_GATE_UP_LORA_B,
     FUSED_MOE,
     LORA_BATCH_LAYOUT,
     PREFILL_GRAPH_RUNNER_INIT,
@@ -95,6 +108,12 @@ REQUIRED_PARAMETERS = {
     TRITON_INIT_DECODE_GRAPH_INFO: ("max_bs_in_cuda_graph", "num_tokens_per_req"),
     TRITON_PREPARE_LORA_BATCH: ("forward_batch", "weight_indices", "lora_ranks", "scalings", "use_prefill_cuda_graph"),
     TRITON_SGEMM_INFO: ("pruned_batch_info",),
+    # The triton provider passes these in this order (positional up to base_output) or by name.
+    TRITON_EMBEDDING_LORA_A: ("input_ids", "weights", "batch_info", "vocab_size", "extra_embeddings"),
+    TRITON_SGEMM_LORA_A: ("x", "weights", "batch_info", "stack_num"),
+    TRITON_SGEMM_LORA_B: ("x", "weights", "batch_info", "base_output"),
+    TRITON_QKV_LORA_B: ("x", "qkv_lora_b", "batch_info", "output_offset", "max_qkv_out_dim", "base_output", "n_slices"),
+    TRITON_GATE_UP_LORA_B: ("x", "gate_up_lora_b", "batch_info", "output_dim", "base_output"),
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),

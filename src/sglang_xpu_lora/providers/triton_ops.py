@@ -36,6 +36,7 @@ XPU graphs (SGLang captures them in its ``triton`` backend).
 from __future__ import annotations
 
 import functools
+import types
 from typing import Optional
 
 import torch
@@ -63,11 +64,19 @@ def pad_lora_ranks(lora_ranks: torch.Tensor, max_lora_rank: int, out: Optional[t
 
 
 @functools.cache
-def _kernels():
-    """SGLang's kernel modules, imported on first use (importing them imports Triton)."""
-    from sglang.kernels.ops.lora.dense import embedding_lora_a, gate_up_lora_b, qkv_lora_b, sgemm_lora_a, sgemm_lora_b
+def _kernels() -> types.SimpleNamespace:
+    """SGLang's kernel functions, resolved on first use through the compat targets (which
+    :func:`sglang_xpu_lora.compat.check_host` checks, parameters included)."""
+    from sglang_xpu_lora.compat import resolve
+    from sglang_xpu_lora.patches import targets
 
-    return embedding_lora_a, sgemm_lora_a, sgemm_lora_b, qkv_lora_b, gate_up_lora_b
+    return types.SimpleNamespace(
+        embedding_lora_a=resolve(targets.TRITON_EMBEDDING_LORA_A),
+        sgemm_lora_a=resolve(targets.TRITON_SGEMM_LORA_A),
+        sgemm_lora_b=resolve(targets.TRITON_SGEMM_LORA_B),
+        qkv_lora_b=resolve(targets.TRITON_QKV_LORA_B),
+        gate_up_lora_b=resolve(targets.TRITON_GATE_UP_LORA_B),
+    )
 
 
 def embedding_lora_a_fwd(
@@ -85,7 +94,7 @@ def embedding_lora_a_fwd(
 ) -> torch.Tensor:
     """LoRA-A embedding lookup. input_ids: ``(s,)``; weights: ``(L, R, vocab)`` -> ``(s, R)`` in
     weights' dtype, zero past each slot's rank (SGLang ``embedding_lora_a_fwd``)."""
-    return _kernels()[0].embedding_lora_a_fwd(
+    return _kernels().embedding_lora_a(
         input_ids=input_ids, weights=weights, batch_info=batch_info, vocab_size=vocab_size,
         extra_embeddings=extra_embeddings,
     )
@@ -104,7 +113,7 @@ def sgemm_lora_a_fwd(
 ) -> torch.Tensor:
     """Shrink. input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``
     (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
-    return _kernels()[1].sgemm_lora_a_fwd(input_x, weights, batch_info, stack_num=stack_num)
+    return _kernels().sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
 
 
 def sgemm_lora_b_fwd(
@@ -121,7 +130,7 @@ def sgemm_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, one slice. input_x: ``(s, R)``; weights: ``(L, N, R)`` -> ``(s, N)``
     (SGLang ``sgemm_lora_b_fwd``)."""
-    return _kernels()[2].sgemm_lora_b_fwd(input_x, weights, batch_info, base_output)
+    return _kernels().sgemm_lora_b(input_x, weights, batch_info, base_output)
 
 
 def qkv_lora_b_fwd(
@@ -140,7 +149,7 @@ def qkv_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, three bands at device ``output_offset`` ``(4,)`` int32. input_x: ``(s, 3R)``;
     qkv_lora_b: ``(L, N, R)`` -> ``(s, N)`` (SGLang ``qkv_lora_b_fwd``)."""
-    return _kernels()[3].qkv_lora_b_fwd(input_x, qkv_lora_b, batch_info, output_offset, max_qkv_out_dim, base_output)
+    return _kernels().qkv_lora_b(input_x, qkv_lora_b, batch_info, output_offset, max_qkv_out_dim, base_output)
 
 
 def gate_up_lora_b_fwd(
@@ -158,7 +167,7 @@ def gate_up_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, two equal bands. input_x: ``(s, 2R)``; gate_up_lora_b: ``(L, 2 * output_dim, R)`` ->
     ``(s, 2 * output_dim)`` (SGLang ``gate_up_lora_b_fwd``)."""
-    return _kernels()[4].gate_up_lora_b_fwd(input_x, gate_up_lora_b, batch_info, output_dim, base_output)
+    return _kernels().gate_up_lora_b(input_x, gate_up_lora_b, batch_info, output_dim, base_output)
 
 
 def chunked_sgmv_lora_shrink_fwd(
@@ -176,7 +185,7 @@ def chunked_sgmv_lora_shrink_fwd(
     """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
     ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
     :func:`sgemm_lora_a_fwd`."""
-    return _kernels()[1].sgemm_lora_a_fwd(input_x, weights, batch_info, stack_num=stack_num)
+    return _kernels().sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
 
 
 def chunked_sgmv_lora_expand_fwd(
@@ -199,11 +208,11 @@ def chunked_sgmv_lora_expand_fwd(
     input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``. The kernel is chosen
     from host integers only: ``sgemm_lora_b_fwd`` for one band, ``gate_up_lora_b_fwd`` for two
     bands of ``max_slice_size`` each, ``qkv_lora_b_fwd`` for any other bands."""
-    _, _, sgemm_b, qkv_b, gate_up_b = _kernels()
+    kernels = _kernels()
     if num_slices == 1:
-        return sgemm_b.sgemm_lora_b_fwd(input_x, weights, batch_info, base_output)
+        return kernels.sgemm_lora_b(input_x, weights, batch_info, base_output)
     if num_slices == 2 and 2 * max_slice_size == weights.shape[1]:
-        return gate_up_b.gate_up_lora_b_fwd(input_x, weights, batch_info, max_slice_size, base_output)
-    return qkv_b.qkv_lora_b_fwd(
+        return kernels.gate_up_lora_b(input_x, weights, batch_info, max_slice_size, base_output)
+    return kernels.qkv_lora_b(
         input_x, weights, batch_info, slice_offsets, max_slice_size, base_output, n_slices=num_slices
     )
