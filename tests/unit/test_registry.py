@@ -46,6 +46,15 @@ def test_duplicate_backend_name_names_both_plugins_and_keeps_the_first():
     assert registry.get("dup") is first
 
 
+def test_one_plugin_declaring_a_name_twice_is_refused():
+    """Two specs of one name from one plugin would silently keep the last one."""
+    registry = LoRABackendRegistry()
+    twice = plugin_with(LoRABackendSpec(name="dup", factory=lambda: FakeBackend), LoRABackendSpec(name="dup", factory=lambda: object))
+    with pytest.raises(DuplicateBackendError, match="'dup' is declared by both 'twice' and 'twice'"):
+        registry.register_plugin(twice, "twice")
+    assert registry.specs() == {}
+
+
 def test_hook_returning_a_non_spec_is_rejected():
     registry = LoRABackendRegistry()
     with pytest.raises(TypeError, match="not a LoRABackendSpec"):

@@ -64,7 +64,8 @@ class LoRABackendRegistry:
                 misspelled ``sglang_lora_backends``, found by pluggy's ``check_pending``).
             ValueError: if it implements no ``sglang_lora_backends`` hook at all.
             ReservedBackendNameError: if it declares a name in ``reserved``.
-            DuplicateBackendError: if it declares a backend name another plugin already declared.
+            DuplicateBackendError: if it declares a backend name another plugin already declared, or
+                one name twice.
             TypeError: if its hook returns something other than ``LoRABackendSpec`` objects.
         """
         self._pm.register(plugin, name=name)
@@ -76,11 +77,15 @@ class LoRABackendRegistry:
                     plugin, f"plugin {name!r}: {exc} (the hook of {ENTRY_POINT_GROUP} is sglang_lora_backends)"
                 ) from exc
             specs = self._specs_of(name)
+            declared: set[str] = set()
             for spec in specs:
                 if spec.name in reserved:
                     raise ReservedBackendNameError(spec.name, name)
                 if spec.name in self._name2owner:
                     raise DuplicateBackendError(spec.name, (self._name2owner[spec.name], name))
+                if spec.name in declared:
+                    raise DuplicateBackendError(spec.name, (name, name))
+                declared.add(spec.name)
         except Exception:
             self._pm.unregister(name=name)
             raise
