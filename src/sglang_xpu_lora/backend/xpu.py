@@ -1,4 +1,4 @@
-"""``IntelXpuLoRABackend``: SGLang's Triton LoRA batch bookkeeping, sgl-kernel-xpu LoRA math.
+"""``IntelXpuLoRABackend``: SGLang's Triton LoRA batch bookkeeping, the selected providers' LoRA math.
 
 The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is not math:
 ``prepare_lora_batch`` (per-request segments for extend, TARGET_VERIFY through
@@ -7,7 +7,8 @@ graph batch-info initialisation (prefill slots sized by ``max_num_requests``), l
 pass routing. It overrides every ``run_*`` method to route each call to one op of the provider
 selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLang's own Triton
 kernels, or the portable PyTorch ops. The only arithmetic here is placing a prefix-partition
-layer's result into its leading output columns (:func:`_onto_leading_columns`).
+layer's result into its leading output columns (:func:`_onto_leading_columns`) and, for the Triton
+kernels on the spaced pool, padding the slots' ranks once per batch (:meth:`kernel_batch_info`).
 
 Pool layout: the native and portable ops need the max-rank-spaced pool; when every selected op is
 Triton (:attr:`needs_max_rank_spaced_layout` False) the pool keeps SGLang's packed layout. On the
@@ -67,7 +68,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     support DP-attention graphs (it asserts there is no gathered buffer) and that path has not been
     verified with these kernels, so ``LoRAManager`` rejects ``--enable-dp-attention`` at start-up
     rather than serving through an unverified route. ``supports_prefill_cuda_graph`` stays True
-    (inherited): every op is capture-safe with the portable provider.
+    (inherited): inside graphs every op runs on a capture-safe provider (a native op the build
+    declares capture-safe, SGLang's Triton kernels, or the portable ops; :attr:`op_selection`).
     """
 
     name = "intel_xpu"
