@@ -235,6 +235,19 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                     converted[key] = info.lora_ranks.to(torch.int32)
                 info.lora_ranks = converted[key]
 
+    def _index_args(self, info: LoRABatchInfo, scalings: bool = False) -> dict:
+        """The index arguments every op takes for the batch ``info`` (and ``scalings`` for the B
+        ops), plus ``batch_info`` as SGLang's Triton kernels need it (:meth:`kernel_batch_info`)."""
+        args = dict(
+            seg_indptr=info.seg_indptr,
+            weight_indices=info.weight_indices,
+            lora_ranks=info.lora_ranks,
+            batch_info=self.kernel_batch_info(info),
+        )
+        if scalings:
+            args["scalings"] = info.scalings
+        return args
+
     def _ops(self, info: LoRABatchInfo):
         """The op table for this batch: capture-safe ops inside a graph."""
         return self.op_selection.for_graph(info.use_cuda_graph)
@@ -244,25 +257,14 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def _shrink(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int, info: LoRABatchInfo) -> torch.Tensor:
         """(s, K) x (L, stack_num * R, K) -> (s, stack_num * R)."""
         if info.permutation is None:
-            return self._ops(info).sgemm_lora_a_fwd(
-                input_x=x,
-                weights=weights,
-                stack_num=stack_num,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                batch_info=self.kernel_batch_info(info),
-            )
+            return self._ops(info).sgemm_lora_a_fwd(input_x=x, weights=weights, stack_num=stack_num, **self._index_args(info))
         return self._ops(info).chunked_sgmv_lora_shrink_fwd(
             input_x=x,
             weights=weights,
             stack_num=stack_num,
             num_segments=info.num_segments,
-            seg_indptr=info.seg_indptr,
-            weight_indices=info.weight_indices,
-            lora_ranks=info.lora_ranks,
             permutation=info.permutation[: x.shape[0]],
-            batch_info=self.kernel_batch_info(info),
+            **self._index_args(info),
         )
 
     def _chunked_expand(
@@ -283,13 +285,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             max_slice_size=max_slice_size,
             num_slices=num_slices,
             num_segments=info.num_segments,
-            seg_indptr=info.seg_indptr,
-            weight_indices=info.weight_indices,
-            lora_ranks=info.lora_ranks,
-            scalings=info.scalings,
             permutation=permutation,
             base_output=base_output,
-            batch_info=self.kernel_batch_info(info),
+            **self._index_args(info, scalings=True),
         )
 
     @staticmethod
@@ -327,12 +325,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             input_ids=input_ids,
             weights=weights,
             vocab_size=vocab_size,
-            seg_indptr=info.seg_indptr,
-            weight_indices=info.weight_indices,
-            lora_ranks=info.lora_ranks,
             extra_embeddings=extra_embeddings,
             max_len=max_len,
-            batch_info=self.kernel_batch_info(info),
+            **self._index_args(info),
         )
 
     def run_lora_a_sgemm(
@@ -364,14 +359,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         info = self._sgemm_info(pruned_batch_info)
         if info.permutation is None:
             return self._ops(info).sgemm_lora_b_fwd(
-                input_x=x,
-                weights=weights,
-                seg_indptr=info.seg_indptr,
-                weight_indices=info.weight_indices,
-                lora_ranks=info.lora_ranks,
-                scalings=info.scalings,
-                base_output=base_output,
-                batch_info=self.kernel_batch_info(info),
+                input_x=x, weights=weights, base_output=base_output, **self._index_args(info, scalings=True)
             )
         out_dim = weights.shape[-2]
         offsets = self._uniform_offsets(1, out_dim, x.device)
@@ -405,12 +393,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                     qkv_lora_b=qkv_lora_b,
                     output_offset=output_offset,
                     max_qkv_out_dim=max_qkv_out_dim,
-                    seg_indptr=info.seg_indptr,
-                    weight_indices=info.weight_indices,
-                    lora_ranks=info.lora_ranks,
-                    scalings=info.scalings,
                     base_output=base,
-                    batch_info=self.kernel_batch_info(info),
+                    **self._index_args(info, scalings=True),
                 )
             return self._chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base)
 
@@ -436,12 +420,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                     input_x=lora_a_output,
                     gate_up_lora_b=gate_up_lora_b,
                     output_dim=output_dim,
-                    seg_indptr=info.seg_indptr,
-                    weight_indices=info.weight_indices,
-                    lora_ranks=info.lora_ranks,
-                    scalings=info.scalings,
                     base_output=base,
-                    batch_info=self.kernel_batch_info(info),
+                    **self._index_args(info, scalings=True),
                 )
             offsets = self._uniform_offsets(2, output_dim, x.device)
             return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base)
