@@ -123,8 +123,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         backend (``LoRAManager.__init__`` -> ``init_state``) and hands it to no backend method, so
         the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
         :meth:`validate_lora_targets`. The layout is needed when any selected op contracts over
-        the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, True unless the selection
-        says otherwise). It is trusted only on proof from both pool hooks (:func:`has_spaced_layout`):
+        the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, from the op selection); a
+        no-op once checked. It is trusted only on proof from both pool hooks (:func:`has_spaced_layout`):
         SGLang's ``HookRegistry`` logs a hook it cannot apply and carries on, and
         ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so nothing else
         stands between a missing hook and wrong numbers.
@@ -134,7 +134,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """
         from sglang_xpu_lora.patches.mem_pool import has_spaced_layout
 
-        if getattr(self, "needs_max_rank_spaced_layout", True) and not has_spaced_layout(self.lora_memory_pool):
+        if not self._pool_check_pending:
+            return
+        if self.needs_max_rank_spaced_layout and not has_spaced_layout(self.lora_memory_pool):
             if self.lora_memory_pool is None:
                 why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool's layout is unknown"
             else:
@@ -149,15 +151,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
         """SGLang's Triton decode-graph batch info, after the pool check."""
-        if self._pool_check_pending:
-            self._check_memory_pool()
+        self._check_memory_pool()
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
         """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
         the pool check."""
-        if self._pool_check_pending:
-            self._check_memory_pool()
+        self._check_memory_pool()
         super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
 
     # --- batch preparation ---------------------------------------------------------------------
@@ -169,8 +169,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         so their routing is computed once per batch rather than once per op. The first batch after
         the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
-        if self._pool_check_pending:
-            self._check_memory_pool()
+        self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
@@ -181,8 +180,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
-        if self._pool_check_pending:
-            self._check_memory_pool()
+        self._check_memory_pool()
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
