@@ -37,10 +37,10 @@ def collect() -> dict[str, Any]:
     else:
         load_plugins()
 
-    from sglang_xpu_lora import __version__, compat, providers
+    from sglang_xpu_lora import __version__, providers
     from sglang_xpu_lora.backend.registration import INTEL_XPU
-    from sglang_xpu_lora.patches import targets
     from sglang_xpu_lora.providers import native
+    from sglang_xpu_lora.upstream import compat, targets
 
     xpu = getattr(torch, "xpu", None)
     xpu_visible = bool(xpu is not None and xpu.is_available())
@@ -191,7 +191,8 @@ def missing_host_packages() -> list[str]:
 
 def render_missing_host(problems: Sequence[str]) -> str:
     """The text ``doctor`` prints instead of a report when :func:`missing_host_packages` found some."""
-    from sglang_xpu_lora import __version__, compat
+    from sglang_xpu_lora import __version__
+    from sglang_xpu_lora.upstream import compat
 
     return "\n".join(
         [f"sglang-xpu-lora {__version__} cannot check this Python ({sys.executable}):"]

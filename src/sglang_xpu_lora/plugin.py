@@ -29,7 +29,8 @@ def load() -> None:
     if _attempted:
         return
     _attempted = True
-    from sglang_xpu_lora import compat, patches
+    from sglang_xpu_lora import patches
+    from sglang_xpu_lora.upstream import compat
     from sglang_xpu_lora.patches.backend_registry import sglang_backend_names
 
     host_problems[:] = compat.check_host()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_xpu_lora import compat, doctor
+from sglang_xpu_lora import doctor
+from sglang_xpu_lora.upstream import compat
 
 
 def test_version(capsys):

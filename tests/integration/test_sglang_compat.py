@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from sglang_xpu_lora import compat
-from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.upstream import compat
+from sglang_xpu_lora.upstream import targets
 
 
 def test_pinned_sglang_passes_every_check():
@@ -64,7 +64,7 @@ def test_incompatible_host_registers_nothing(run_python):
         """
         from unittest import mock
         from packaging.version import Version
-        from sglang_xpu_lora import compat
+        from sglang_xpu_lora.upstream import compat
         with mock.patch.object(compat, "sglang_version", lambda: Version("0.4.0")):
             from sglang.srt.plugins import load_plugins
             load_plugins()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_xpu_lora.compat import resolve
-from sglang_xpu_lora.patches import targets
+from sglang_xpu_lora.upstream.compat import resolve
+from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 

@@ -1,6 +1,6 @@
 """Every SGLang symbol sglang-xpu-lora imports, patches or relies on, spelled once.
 
-:func:`sglang_xpu_lora.compat.check_host` resolves each entry (and the parameters listed in
+:func:`sglang_xpu_lora.upstream.compat.check_host` resolves each entry (and the parameters listed in
 :data:`REQUIRED_PARAMETERS`) against the installed SGLang before anything is registered, so a moved
 symbol is reported by name instead of failing deep inside a hook.
 """

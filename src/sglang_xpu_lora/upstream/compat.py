@@ -37,8 +37,8 @@ def sglang_version() -> Version | None:
 
 
 def unresolved_targets() -> dict[str, str]:
-    """Each symbol of :mod:`sglang_xpu_lora.patches.targets` that does not resolve, with the error."""
-    from sglang_xpu_lora.patches import targets
+    """Each symbol of :mod:`sglang_xpu_lora.upstream.targets` that does not resolve, with the error."""
+    from sglang_xpu_lora.upstream import targets
 
     missing = {}
     for target in targets.ALL:
@@ -53,9 +53,9 @@ def check_host() -> list[str]:
     """Every reason this host cannot take the plugin, as actionable sentences; empty when it can.
 
     Checks the SGLang version against :data:`SUPPORTED_SGLANG`, then resolves each symbol of
-    :mod:`sglang_xpu_lora.patches.targets`, its required parameters and its source anchors.
+    :mod:`sglang_xpu_lora.upstream.targets`, its required parameters and its source anchors.
     """
-    from sglang_xpu_lora.patches import targets
+    from sglang_xpu_lora.upstream import targets
 
     version = sglang_version()
     if version is None:
