@@ -86,11 +86,11 @@ def collect() -> dict[str, Any]:
 def add_adapter_checks(report: dict[str, Any]) -> None:
     """Which backends' adapters are checked and fixed at load (``SGLANG_XPU_LORA_ADAPTER_CHECKS``);
     an invalid value is a problem."""
-    from sglang_xpu_lora.adapters import scope
+    from sglang_xpu_lora.adapters import checked_backends
 
-    report["adapter_checks"] = scope.describe()
+    report["adapter_checks"] = checked_backends.describe()
     try:
-        scope.setting()
+        checked_backends.setting()
     except ValueError as exc:
         report["problems"].append(str(exc))
 

@@ -14,7 +14,7 @@ runs, before any memory-pool slot is touched:
   into LoRA-B and per-module ranks (``rank_pattern``) are zero-padded, so the adapter is served
   with one scale and one rank.
 
-Which adapters this covers is decided by :mod:`.scope`. The user-facing summary is
+Which adapters this covers is decided by :mod:`.checked_backends`. The user-facing summary is
 ``docs/peft-adapters.md``.
 """
 

@@ -1,13 +1,16 @@
 """``sglang.lora_backends`` entry point of sglang-xpu-lora: declares the ``intel_xpu`` backend.
 
-Imports nothing heavy: the backend class (torch, SGLang) is imported by the factory, only when
-SGLang resolves ``--lora-backend intel_xpu``.
+Imports neither torch nor SGLang (``tests/unit/test_import_layers.py`` proves it with both blocked):
+the backend class and the op selection are imported by the callables of the spec, only when SGLang
+validates or resolves ``--lora-backend intel_xpu``.
 """
 
 from __future__ import annotations
 
-from sglang_xpu_lora.providers import KERNELS_ENV, runs_on_device, select_ops
+from typing import Optional
+
 from sglang_xpu_lora.registry import LoRABackendSpec, hookimpl
+from sglang_xpu_lora.settings import KERNELS_ENV
 
 
 def _intel_xpu_backend_class() -> type:
@@ -16,13 +19,27 @@ def _intel_xpu_backend_class() -> type:
     return IntelXpuLoRABackend
 
 
+def _runs_on_device(device: Optional[str]) -> bool:
+    """:func:`sglang_xpu_lora.providers.selection.runs_on_device`, imported when first asked."""
+    from sglang_xpu_lora.providers import runs_on_device
+
+    return runs_on_device(device)
+
+
+def _select_ops(device: Optional[str]) -> object:
+    """:func:`sglang_xpu_lora.providers.selection.select_ops`, imported when first asked."""
+    from sglang_xpu_lora.providers import select_ops
+
+    return select_ops(device)
+
+
 INTEL_XPU = LoRABackendSpec(
     name="intel_xpu",
     factory=_intel_xpu_backend_class,
     device="xpu",
-    runs_on_other_devices=runs_on_device,
+    runs_on_other_devices=_runs_on_device,
     other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
-    preflight=select_ops,
+    preflight=_select_ops,
     needs_max_rank_spaced_layout=True,
 )
 

@@ -18,7 +18,7 @@ once per batch on the device (:meth:`kernel_batch_info`).
 What this backend does not compute: SGLang runs LoRA on MoE experts and the absorbed-MLA
 ``kv_b_proj`` correction itself, with its own Triton kernels, whatever ``SGLANG_XPU_LORA_KERNELS``
 says; :meth:`IntelXpuLoRABackend.validate_lora_targets` names them when a model has them and
-refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.scope`).
+refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.outside_lora_math`).
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -45,7 +45,7 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.backend.scope import outside_lora_math
+from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
 from sglang_xpu_lora.providers import select_ops, torch_ops, triton_ops
 from sglang_xpu_lora.providers.selection import triton_support
 
@@ -95,7 +95,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
         Called by SGLang's ``LoRAManager.init_state`` before it wraps the layers. LoRA on MoE
         experts and the absorbed-MLA ``kv_b_proj`` correction never reach this backend's ops
-        (:mod:`sglang_xpu_lora.backend.scope`): they are logged once, so nobody reads
+        (:mod:`sglang_xpu_lora.backend.outside_lora_math`): they are logged once, so nobody reads
         ``SGLANG_XPU_LORA_KERNELS`` as covering them, and refused where SGLang's Triton kernels
         cannot run. The pool is built right after this call; from here on this backend serves only
         once it has checked that pool (:meth:`_check_memory_pool`, at the first batch or graph

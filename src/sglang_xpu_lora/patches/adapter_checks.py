@@ -9,7 +9,7 @@ Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter
     silently ignored; adapters for another hidden size, with only some of q/k/v, with NaN/Inf
     tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
     their first request; a failed load leaves its config behind.
-How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.scope`):
+How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`):
     * at argument validation, each local ``--lora-paths`` adapter is checked (config, rank
       against ``--max-lora-rank``, finite tensors shaped for the base model's config), so a
       refused adapter stops the launcher before the model loads;
@@ -33,7 +33,7 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from sglang_xpu_lora.adapters import AdapterRejected, scope
+from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.tensor_checks import (
@@ -67,7 +67,7 @@ def check_lora_paths(server_args: Any) -> None:
     """
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     # applies_to first: an invalid scope setting is reported here, not at the first adapter load.
-    if not cfg.enable_lora or not scope.applies_to(cfg.lora_backend) or not cfg.lora_paths:
+    if not cfg.enable_lora or not checked_backends.applies_to(cfg.lora_backend) or not cfg.lora_paths:
         return
     local = [ref for ref in cfg.lora_paths if (Path(ref.lora_path) / "adapter_config.json").is_file()]
     dims = hf_meta_dims(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
@@ -145,12 +145,12 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         return result
 
     def around_validate_new_adapter(original, manager, lora_config, lora_ref, *args, **kwargs):
-        if scope.applies_to(manager.lora_backend.name):
+        if checked_backends.applies_to(manager.lora_backend.name):
             plan_adapter(manager, lora_config, lora_ref)
         return original(manager, lora_config, lora_ref, *args, **kwargs)
 
     def around_load_lora_adapter(original, manager, lora_ref, *args, **kwargs):
-        if not scope.applies_to(manager.lora_backend.name):
+        if not checked_backends.applies_to(manager.lora_backend.name):
             return original(manager, lora_ref, *args, **kwargs)
         had_config, had_weights = lora_ref.lora_id in manager.configs, lora_ref.lora_id in manager.loras
         result = original(manager, lora_ref, *args, **kwargs)

@@ -12,7 +12,7 @@ Providers, one module each, all with the seven ops of :mod:`.base`:
 
 Scope: the selection covers the dense LoRA ops of ``IntelXpuLoRABackend``. LoRA on MoE experts and
 the absorbed-MLA ``kv_b_proj`` correction are computed by SGLang's own Triton kernels whatever this
-variable says (:mod:`sglang_xpu_lora.backend.scope`).
+variable says (:mod:`sglang_xpu_lora.backend.outside_lora_math`).
 """
 
 from __future__ import annotations

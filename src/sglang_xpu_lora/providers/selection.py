@@ -36,8 +36,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from sglang_xpu_lora.providers.base import OP_NAMES
+from sglang_xpu_lora.settings import KERNELS_ENV
 
-KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 KERNEL_CHOICES = ("auto", "native", "triton", "torch")
 PROVIDERS = ("native", "triton", "torch")
 

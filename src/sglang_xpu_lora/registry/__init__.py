@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from sglang_xpu_lora.registry.hookspecs import hookimpl
+from sglang_xpu_lora.registry.hookspecs import ENTRY_POINT_GROUP, hookimpl
 from sglang_xpu_lora.registry.manager import (
-    ENTRY_POINT_GROUP,
     DuplicateBackendError,
     LoRABackendRegistry,
     ReservedBackendNameError,

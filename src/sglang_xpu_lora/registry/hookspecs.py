@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-PROJECT_NAME = "sglang.lora_backends"
+#: The entry-point group plugins declare their backends in; also pluggy's project name for the hook.
+ENTRY_POINT_GROUP = "sglang.lora_backends"
 
-hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookspec = pluggy.HookspecMarker(ENTRY_POINT_GROUP)
 #: Marker for implementations: ``@hookimpl def sglang_lora_backends(): return [LoRABackendSpec(...)]``.
-hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(ENTRY_POINT_GROUP)
 
 if TYPE_CHECKING:
     from sglang_xpu_lora.registry.spec import LoRABackendSpec

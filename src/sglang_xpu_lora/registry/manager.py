@@ -9,9 +9,8 @@ from typing import Collection, Optional
 import pluggy
 
 from sglang_xpu_lora.registry import hookspecs
+from sglang_xpu_lora.registry.hookspecs import ENTRY_POINT_GROUP
 from sglang_xpu_lora.registry.spec import LoRABackendSpec
-
-ENTRY_POINT_GROUP = "sglang.lora_backends"
 
 
 class DuplicateBackendError(ValueError):
@@ -45,7 +44,7 @@ class LoRABackendRegistry:
     """
 
     def __init__(self) -> None:
-        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
         self._pm.add_hookspecs(hookspecs)
         self._name2spec: dict[str, LoRABackendSpec] = {}
         self._name2owner: dict[str, str] = {}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_xpu_lora import doctor
-from sglang_xpu_lora.adapters import scope
+from sglang_xpu_lora.adapters import checked_backends
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def check_args(tiny_artifacts, adapter, backend):
 
 def test_plugin_backend_adapters_are_checked_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, big_adapter, tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
-    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
     with pytest.raises(ValueError, match=r"LoRA adapter 'big-r64' cannot be served exactly: field 'r': rank 64 exceeds --max-lora-rank 32"):
         check_args(tiny_artifacts, big_adapter, "intel_xpu")
     dora = tmp_path / "dora"
@@ -72,41 +72,41 @@ def test_startup_adapter_tensors_are_checked_before_the_model_loads(
     sglang_plugins_loaded, tiny_artifacts, tmp_path, monkeypatch, tensors, named
 ):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
-    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
     adapter = write_adapter(tmp_path / "bad", tensors)
     with pytest.raises(ValueError, match=rf"LoRA adapter 'bad' cannot be served: tensor .*{named}"):
         check_args(tiny_artifacts, adapter, "intel_xpu")
 
 
 def test_sglang_backends_are_untouched_unless_opted_in(sglang_plugins_loaded, tiny_artifacts, big_adapter, monkeypatch):
-    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
-    assert scope.applies_to("intel_xpu") and not scope.applies_to("csgmv")
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    assert checked_backends.applies_to("intel_xpu") and not checked_backends.applies_to("csgmv")
     check_args(tiny_artifacts, big_adapter, "torch_native")  # SGLang's behaviour: accepted here
-    monkeypatch.setenv(scope.ADAPTER_CHECKS_ENV, "all")
-    assert scope.applies_to("csgmv")
+    monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "all")
+    assert checked_backends.applies_to("csgmv")
     with pytest.raises(ValueError, match="exceeds --max-lora-rank 32"):
         check_args(tiny_artifacts, big_adapter, "torch_native")
 
 
 def test_doctor_reports_the_scope_and_an_invalid_setting(sglang_plugins_loaded, monkeypatch):
-    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
     report = {"problems": []}
     doctor.add_adapter_checks(report)
     assert report["adapter_checks"].startswith("plugin backends only (intel_xpu)") and report["problems"] == []
-    monkeypatch.setenv(scope.ADAPTER_CHECKS_ENV, "all")
+    monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "all")
     doctor.add_adapter_checks(report)
     assert "every LoRA backend" in report["adapter_checks"]
-    monkeypatch.setenv(scope.ADAPTER_CHECKS_ENV, "some")
+    monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "some")
     doctor.add_adapter_checks(report)
     assert report["problems"] == ["SGLANG_XPU_LORA_ADAPTER_CHECKS='some' is not one of plugin, all"]
     with pytest.raises(ValueError, match="is not one of plugin, all"):
-        scope.applies_to("intel_xpu")
+        checked_backends.applies_to("intel_xpu")
 
 
 def test_invalid_scope_setting_fails_at_argument_validation(sglang_plugins_loaded, tiny_artifacts, monkeypatch):
     from sglang.srt.server_args import ServerArgs
 
-    monkeypatch.setenv(scope.ADAPTER_CHECKS_ENV, "every")
+    monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "every")
     args = ServerArgs(
         model_path=str(tiny_artifacts["base"]), device="cpu", enable_lora=True, lora_backend="torch_native",
         max_lora_rank=8, lora_target_modules=["q_proj"],
@@ -127,7 +127,7 @@ def test_failed_load_leaves_nothing_behind(sglang_plugins_loaded, tiny_artifacts
 
     from sglang_xpu_lora.adapters import AdapterRejected
 
-    monkeypatch.delenv(scope.ADAPTER_CHECKS_ENV, raising=False)
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
 
     def refuse_weights(lora_ref):
         raise AdapterRejected("tensor refused")

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 
 from sglang_xpu_lora.registry import get_registry
-
-ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
+from sglang_xpu_lora.settings import ADAPTER_CHECKS_ENV
 #: Accepted values: "plugin" (the default: plugin backends only) and "all".
 CHOICES = ("plugin", "all")
 

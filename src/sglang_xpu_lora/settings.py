@@ -1,0 +1,12 @@
+"""The environment variables sglang-xpu-lora reads, by name (no torch, no SGLang: the entry points
+and ``doctor`` name them before anything heavy is imported).
+
+* :data:`KERNELS_ENV`: which provider runs the LoRA ops (:mod:`sglang_xpu_lora.providers.selection`).
+* :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
+  (:mod:`sglang_xpu_lora.adapters.checked_backends`).
+"""
+
+from __future__ import annotations
+
+KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
+ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
