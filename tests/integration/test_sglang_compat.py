@@ -1,7 +1,11 @@
-"""The compatibility guard against the pinned SGLang: every touched symbol resolves, and a moved
-symbol or an untested version is reported by name."""
+"""The compatibility guard against the pinned SGLang: every name of the table resolves, with its
+parameters and attributes, and a moved symbol, a renamed parameter or attribute, or an untested
+version is reported by name."""
 
 from __future__ import annotations
+
+import ast
+import inspect
 
 from packaging.version import Version
 
@@ -14,16 +18,9 @@ def test_pinned_sglang_passes_every_check():
     assert compat.check_host() == []
 
 
-def test_every_target_resolves_to_a_real_symbol():
-    for target in targets.ALL:
-        assert compat.resolve(target) is not None, target
-
-
 def test_the_triton_providers_kernels_are_guarded():
     """Every SGLang function the triton provider calls is a compat target, so a moved or changed
     kernel is named at plugin load instead of failing at the first forward."""
-    import inspect
-
     from sglang_xpu_lora.providers import triton_ops
 
     guarded = [compat.resolve(target) for target in targets.ALL]
@@ -74,3 +71,25 @@ def test_incompatible_host_registers_nothing(run_python):
     )
     assert "REGISTERED False" in result.stdout, result.stderr[-3000:]
     assert "[sglang-xpu-lora] not registering LoRA backends: SGLang 0.4.0 is outside the tested range" in result.stderr
+
+
+def test_the_guard_reports_a_missing_attribute(monkeypatch):
+    """The guard, as a renamed attribute in the next SGLang would meet it."""
+    attributes = dict(targets.REQUIRED_ATTRIBUTES)
+    attributes[targets.LORA_MEMORY_POOL] += ("A_buffers",)
+    monkeypatch.setattr(targets, "REQUIRED_ATTRIBUTES", attributes)
+    monkeypatch.setattr(targets, "MODEL_ATTRIBUTES", {**targets.MODEL_ATTRIBUTES, "w_kc_absorbed": "sglang.srt.models.deepseek_v2"})
+    problems = [p.split(": ", 1)[1] for p in compat.check_host()]
+    assert problems == [
+        f"{targets.LORA_MEMORY_POOL} has no attribute(s) A_buffers",
+        "sglang.srt.models.deepseek_v2 no longer assigns self.w_kc_absorbed",
+    ]
+
+
+def test_instance_attributes_are_read_from_the_sources_of_the_bases():
+    """``LoRAManager.memory_pool`` is assigned in a method, not declared on the class; the guard
+    finds it in the source, and does not invent attributes that are not there."""
+    manager = compat.resolve(targets.LORA_MANAGER)
+    assert not hasattr(manager, "memory_pool")
+    assert compat.missing_attributes(manager, ("memory_pool", "memory_pools")) == ["memory_pools"]
+    assert "memory_pool" in compat._self_assignments(ast.parse(inspect.getsource(manager)))

@@ -19,9 +19,9 @@ How: ``init_memory_pool`` marks the pool of a manager whose backend needs the sp
     a hook it could not apply), the backend refuses instead of computing on the packed layout.
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
     ``target_buffer[buffer_id, : lora_rank * c, :]``; the compat guard checks that anchor). The pool
-    is made in ``ModelRunner.initialize`` (``maybe_init_lora_manager``, model_runner.py l.733),
-    before the scheduler's ``alloc_memory_pool`` sizes the KV cache from the free device memory
-    (``KVCacheConfigurator._profile_available_bytes``, kv_cache_configurator.py l.2990), so device
+    is made in ``ModelRunner.initialize`` (``maybe_init_lora_manager``), before the scheduler's
+    ``alloc_memory_pool`` sizes the KV cache from the free device memory
+    (``KVCacheConfigurator._profile_available_bytes``), so device
     memory allocated in the ``init_memory_pool`` hook is accounted for by that sizing.
 Remove when: SGLang's pool has a max-rank-spaced layout option for dense modules.
 """

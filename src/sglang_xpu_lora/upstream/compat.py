@@ -5,10 +5,13 @@ All version forks go through this module.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import importlib.util
 import inspect
 import pkgutil
-from typing import Any
+import textwrap
+from typing import Any, Iterable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -53,7 +56,8 @@ def check_host() -> list[str]:
     """Every reason this host cannot take the plugin, as actionable sentences; empty when it can.
 
     Checks the SGLang version against :data:`SUPPORTED_SGLANG`, then resolves each symbol of
-    :mod:`sglang_xpu_lora.upstream.targets`, its required parameters and its source anchors.
+    :mod:`sglang_xpu_lora.upstream.targets`, its required parameters, the attributes of its classes
+    and of SGLang's models, and its source anchors.
     """
     from sglang_xpu_lora.upstream import targets
 
@@ -74,6 +78,15 @@ def check_host() -> list[str]:
         missing = [n for n in names if n not in params]
         if missing:
             problems.append(f"SGLang {version}: {target} lacks parameter(s) {', '.join(missing)}")
+    for target, names in targets.REQUIRED_ATTRIBUTES.items():
+        if target in unresolved:
+            continue
+        missing = missing_attributes(resolve(target), names)
+        if missing:
+            problems.append(f"SGLang {version}: {target} has no attribute(s) {', '.join(missing)}")
+    for name, module in targets.MODEL_ATTRIBUTES.items():
+        if name not in _module_self_assignments(module):
+            problems.append(f"SGLang {version}: {module} no longer assigns self.{name}")
     for target, anchor, why in targets.REQUIRED_SOURCE:
         if target in unresolved:
             continue
@@ -85,3 +98,71 @@ def check_host() -> list[str]:
         if anchor not in source:
             problems.append(f"SGLang {version}: {target} no longer contains {anchor!r} ({why})")
     return problems
+
+
+def missing_attributes(cls: type, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that instances of ``cls`` do not have: not a class attribute, method,
+    dataclass or struct field of ``cls`` or its bases, nor assigned to ``self`` in the source of
+    one of its SGLang bases (instance attributes exist only once ``__init__`` ran)."""
+    declared = set(dir(cls)) | {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
+    missing = [name for name in names if name not in declared]
+    if not missing:
+        return []
+    assigned: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] != "sglang":
+            continue
+        try:
+            assigned |= _self_assignments(ast.parse(textwrap.dedent(inspect.getsource(klass))))
+        except (OSError, TypeError, SyntaxError):
+            continue
+    return [name for name in missing if name not in assigned]
+
+
+def _module_self_assignments(module: str) -> set[str]:
+    """The attributes assigned to ``self`` anywhere in ``module``'s source, read without importing
+    it (empty when the module is not found)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return set()
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return set()
+    with open(spec.origin, encoding="utf-8") as source:
+        return _self_assignments(ast.parse(source.read()))
+
+
+def _self_assignments(tree: ast.AST) -> set[str]:
+    """Names ``x`` of every ``self.x = ...`` (also annotated, augmented and tuple targets) and
+    ``setattr(self, "x", ...)`` / ``object.__setattr__(self, "x", ...)`` in ``tree``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_setattr_on_self(node):
+            found.add(node.args[1].value)
+            continue
+        if isinstance(node, ast.Assign):
+            assigned = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            assigned = [node.target]
+        else:
+            continue
+        for target in assigned:
+            for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == "self":
+                    found.add(element.attr)
+    return found
+
+
+def _is_setattr_on_self(call: ast.Call) -> bool:
+    func = call.func
+    named = (isinstance(func, ast.Name) and func.id == "setattr") or (
+        isinstance(func, ast.Attribute) and func.attr == "__setattr__"
+    )
+    return (
+        named
+        and len(call.args) >= 2
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == "self"
+        and isinstance(call.args[1], ast.Constant)
+        and isinstance(call.args[1].value, str)
+    )

@@ -1,8 +1,21 @@
-"""Every SGLang symbol sglang-xpu-lora imports, patches or relies on, spelled once.
+"""Every SGLang name sglang-xpu-lora imports, patches, overrides or reads, spelled once.
 
-:func:`sglang_xpu_lora.upstream.compat.check_host` resolves each entry (and the parameters listed in
-:data:`REQUIRED_PARAMETERS`) against the installed SGLang before anything is registered, so a moved
-symbol is reported by name instead of failing deep inside a hook.
+* :data:`ALL`: modules' functions, classes and hook targets, resolved by dotted path;
+* :data:`REQUIRED_PARAMETERS`: the parameters the plugin passes or receives by name (also those of
+  the parent methods ``IntelXpuLoRABackend`` overrides);
+* :data:`REQUIRED_ATTRIBUTES`: per SGLang class, the attributes the plugin reads, sets, inherits or
+  overrides on its instances (``LoRAMemoryPool.A_buffer``, ``LoRABatchInfo.permutation``...);
+* :data:`MODEL_ATTRIBUTES`: attributes of SGLang model classes, checked in their modules' source
+  (those modules are too heavy to import at plugin load);
+* :data:`REQUIRED_SOURCE`: text an SGLang function must still contain, where the plugin depends on
+  how SGLang does something rather than on a name.
+
+:func:`sglang_xpu_lora.upstream.compat.check_host` checks all of it against the installed SGLang
+before anything is registered, so a moved or renamed name is reported by name instead of failing
+inside a hook or at the first forward. ``tests/integration/test_sglang_surface.py`` reads the
+plugin's source and fails when it uses an SGLang name or attribute missing here.
+
+Plain strings only: this module imports nothing (``sglang_xpu_lora.upstream`` is a leaf).
 """
 
 from __future__ import annotations
@@ -59,6 +72,21 @@ PREFILL_GRAPH_RUNNER_INIT = (
 # Plugin machinery.
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
 HOOK_TYPE = "sglang.srt.plugins.hook_registry.HookType"
+LOAD_PLUGINS = "sglang.srt.plugins.load_plugins"  # doctor loads the plugins as SGLang does
+
+# Classes whose instances the plugin is handed (hook arguments, the parent backend's state); what
+# it reads or sets on them is in REQUIRED_ATTRIBUTES.
+LORA_MANAGER = "sglang.srt.lora.lora_manager.LoRAManager"
+LORA_MEMORY_POOL = "sglang.srt.lora.mem_pool.LoRAMemoryPool"
+LORA_ADAPTER = "sglang.srt.lora.lora.LoRAAdapter"
+LORA_LAYER = "sglang.srt.lora.lora.LoRALayer"
+LORA_CONFIG = "sglang.srt.lora.lora_config.LoRAConfig"
+LORA_REF = "sglang.srt.lora.lora_registry.LoRARef"
+LORA_UPDATE_OUTPUT = "sglang.srt.managers.io_struct.LoRAUpdateOutput"
+BASE_LAYER_WITH_LORA = "sglang.srt.lora.layers.BaseLayerWithLoRA"
+LINEAR_BASE = "sglang.srt.layers.linear.LinearBase"
+QKV_PARALLEL_LINEAR = "sglang.srt.layers.linear.QKVParallelLinear"
+MERGED_COLUMN_PARALLEL_LINEAR = "sglang.srt.layers.linear.MergedColumnParallelLinear"
 
 ALL = (
     LORA_BACKEND_REGISTRY,
@@ -99,6 +127,18 @@ ALL = (
     PREFILL_GRAPH_RUNNER_INIT,
     HOOK_REGISTRY,
     HOOK_TYPE,
+    LOAD_PLUGINS,
+    LORA_MANAGER,
+    LORA_MEMORY_POOL,
+    LORA_ADAPTER,
+    LORA_LAYER,
+    LORA_CONFIG,
+    LORA_REF,
+    LORA_UPDATE_OUTPUT,
+    BASE_LAYER_WITH_LORA,
+    LINEAR_BASE,
+    QKV_PARALLEL_LINEAR,
+    MERGED_COLUMN_PARALLEL_LINEAR,
 )
 
 #: Callables whose parameters the plugin passes or receives by name.
@@ -106,7 +146,9 @@ REQUIRED_PARAMETERS = {
     POOL_LOAD_WEIGHTS: ("uid", "buffer_id", "lora_adapter"),
     TRITON_INIT_PREFILL_GRAPH_INFO: ("max_num_tokens", "max_num_requests"),
     TRITON_INIT_DECODE_GRAPH_INFO: ("max_bs_in_cuda_graph", "num_tokens_per_req"),
-    TRITON_PREPARE_LORA_BATCH: ("forward_batch", "weight_indices", "lora_ranks", "scalings", "use_prefill_cuda_graph"),
+    TRITON_PREPARE_LORA_BATCH: (
+        "forward_batch", "weight_indices", "lora_ranks", "scalings", "use_cuda_graph", "use_prefill_cuda_graph"
+    ),
     TRITON_SGEMM_INFO: ("pruned_batch_info",),
     # The triton provider passes these in this order (positional up to base_output) or by name.
     TRITON_EMBEDDING_LORA_A: ("input_ids", "weights", "batch_info", "vocab_size", "extra_embeddings"),
@@ -117,6 +159,64 @@ REQUIRED_PARAMETERS = {
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
+    # Parent methods IntelXpuLoRABackend overrides, with the parameters its overrides name.
+    TRITON_BACKEND + ".__init__": ("max_loras_per_batch", "device"),
+    TRITON_BACKEND + ".validate_lora_targets": ("base_model", "target_modules"),
+    TRITON_BACKEND + ".run_lora_a_embedding": ("input_ids", "weights", "vocab_size", "extra_embeddings"),
+    TRITON_BACKEND + ".run_lora_a_sgemm": ("x", "weights", "pruned_batch_info", "stack_num"),
+    TRITON_BACKEND + ".run_lora_b_sgemm": ("x", "weights", "base_output", "pruned_batch_info"),
+    TRITON_BACKEND + ".run_qkv_lora": (
+        "x", "qkv_lora_a", "qkv_lora_b", "output_offset", "max_qkv_out_dim", "base_output", "n_slices"
+    ),
+    TRITON_BACKEND + ".run_gate_up_lora": ("x", "gate_up_lora_a", "gate_up_lora_b", "base_output"),
+    TRITON_BACKEND + ".get_batch_info": ("layout",),
+}
+
+#: Per class: the attributes the plugin reads, sets, inherits or overrides on it (a class attribute,
+#: a method, a dataclass or struct field, or an attribute some class of its MRO assigns to ``self``).
+REQUIRED_ATTRIBUTES = {
+    # cfg = resolving_view(server_args) in the validation and adapter-check hooks; get_lora()
+    # publishes the LoRA group of these fields (max_lora_rank).
+    SERVER_ARGS: ("enable_lora", "lora_backend", "lora_paths", "max_lora_rank", "model_path", "trust_remote_code", "device"),
+    SERVER_ARGS_FIELD_ARG: ("choices",),
+    HOOK_REGISTRY: ("register",),
+    HOOK_TYPE: ("AROUND", "AFTER", "BEFORE"),
+    LORA_MANAGER: ("base_model", "lora_backend", "memory_pool", "configs", "loras"),
+    LORA_MEMORY_POOL: ("max_lora_rank", "base_model", "A_buffer", "is_moe_module", "_clear_buffer_slot_for_base"),
+    LORA_ADAPTER: ("config", "base_model", "layers", "embedding_layers", "scaling"),
+    LORA_LAYER: ("weights",),
+    LORA_CONFIG: ("r", "hf_config", "target_modules"),
+    LORA_REF: ("lora_id", "lora_name", "lora_path"),
+    LORA_UPDATE_OUTPUT: ("success",),
+    LORA_BATCH_INFO: (
+        "use_cuda_graph", "num_segments", "seg_indptr", "weight_indices", "lora_ranks", "scalings", "max_len",
+        "permutation",
+    ),
+    LORA_BATCH_LAYOUT: ("DP_LOCAL",),
+    # Inherited state and methods IntelXpuLoRABackend reads, and what it overrides (the
+    # ``name`` every concrete SGLang backend declares is read from any manager's backend).
+    TRITON_BACKEND: (
+        "name", "supports_dp_attention", "device", "max_loras_per_batch", "batch_info", "sgemm_batch_info",
+        "lm_head_batch_info", "lm_head_pass_batch_infos", "prefill_cuda_graph_batch_info",
+        "prefill_cuda_graph_max_tokens", "get_batch_info", "_sgemm_info", "validate_lora_targets",
+        "prepare_lora_batch", "prepare_lora_token_segments", "init_decode_cuda_graph_batch_info",
+        "init_prefill_cuda_graph_batch_info", "run_lora_a_embedding", "run_lora_a_sgemm", "run_lora_b_sgemm",
+        "run_qkv_lora", "run_gate_up_lora",
+    ),
+    # Layers whose sizes the adapter checks read (adapters/tensor_checks.py).
+    BASE_LAYER_WITH_LORA: ("base_layer",),
+    VOCAB_PARALLEL_EMBEDDING: ("org_vocab_size", "embedding_dim"),
+    QKV_PARALLEL_LINEAR: ("total_num_heads", "total_num_kv_heads", "head_size", "v_head_size", "hidden_size"),
+    MERGED_COLUMN_PARALLEL_LINEAR: ("output_sizes", "input_size"),
+    LINEAR_BASE: ("input_size", "output_size"),
+}
+
+#: Attributes read on SGLang models by name (no class to resolve: any model may have them), with a
+#: module whose source must still assign each to ``self``.
+MODEL_ATTRIBUTES = {
+    "lm_head": "sglang.srt.models.llama",  # an untied lm_head; a tied one is the embedding
+    "kv_b_proj": "sglang.srt.models.deepseek_v2",  # absorbed-MLA attention: LoRA on kv_b_proj ...
+    "w_kc": "sglang.srt.models.deepseek_v2",  # ... is computed by SGLang, outside the backend
 }
 
 #: Source anchors: (callable, text its source must contain, why the plugin depends on it).
