@@ -147,7 +147,11 @@ def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterat
         parent_cls = compat.resolve(parent)
         own = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
         own_values = {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign)) for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
-        own_instance = compat._self_assignments(cls)
+        own_instance = {
+            n.attr
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and dotted(n.value) == "self"
+        }
         for name, node in own.items():
             if name == "__init__" or hasattr(parent_cls, name):
                 params = tuple(
@@ -156,6 +160,9 @@ def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterat
                 yield parent, name, node.lineno, params
         for name in own_values:
             if hasattr(parent_cls, name):
+                yield parent, name, cls.lineno, ()
+        for name in own_instance:  # state of the parent's that the subclass sets
+            if not compat.missing_attributes(parent_cls, [name]):
                 yield parent, name, cls.lineno, ()
         for node in ast.walk(cls):
             if isinstance(node, ast.Attribute) and dotted(node.value) == "self":

@@ -5,12 +5,13 @@ All version forks go through this module.
 
 from __future__ import annotations
 
-import ast
+import dis
 import importlib.metadata
 import importlib.util
 import inspect
 import pkgutil
-import textwrap
+import re
+import types
 from typing import Any, Iterable
 
 from packaging.specifiers import SpecifierSet
@@ -85,7 +86,7 @@ def check_host() -> list[str]:
         if missing:
             problems.append(f"SGLang {version}: {target} has no attribute(s) {', '.join(missing)}")
     for name, module in targets.MODEL_ATTRIBUTES.items():
-        if name not in _module_self_assignments(module):
+        if not module_assigns(module, name):
             problems.append(f"SGLang {version}: {module} no longer assigns self.{name}")
     for target, anchor, why in targets.REQUIRED_SOURCE:
         if target in unresolved:
@@ -102,67 +103,45 @@ def check_host() -> list[str]:
 
 def missing_attributes(cls: type, names: Iterable[str]) -> list[str]:
     """Those of ``names`` that instances of ``cls`` do not have: not a class attribute, method,
-    dataclass or struct field of ``cls`` or its bases, nor assigned to ``self`` in the source of
-    one of its SGLang bases (instance attributes exist only once ``__init__`` ran)."""
+    dataclass or struct field of ``cls`` or its bases, nor assigned to ``self`` by a method of one of
+    its SGLang bases (instance attributes exist only once ``__init__`` ran; read from the methods'
+    bytecode, so no source is parsed)."""
     declared = set(dir(cls)) | {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
     missing = [name for name in names if name not in declared]
     if not missing:
         return []
     assigned: set[str] = set()
     for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] != "sglang":
-            continue
-        try:
-            assigned |= _self_assignments(ast.parse(textwrap.dedent(inspect.getsource(klass))))
-        except (OSError, TypeError, SyntaxError):
-            continue
+        if klass.__module__.split(".")[0] == "sglang":
+            for member in vars(klass).values():
+                assigned |= _stored_attributes(member)
     return [name for name in missing if name not in assigned]
 
 
-def _module_self_assignments(module: str) -> set[str]:
-    """The attributes assigned to ``self`` anywhere in ``module``'s source, read without importing
-    it (empty when the module is not found)."""
+def _stored_attributes(member: Any) -> set[str]:
+    """Attribute names a class member's code stores (``x.name = ...``, ``setattr(x, "name", ...)``,
+    ``object.__setattr__(x, "name", ...)``), its nested functions included."""
+    function = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+    code = getattr(function, "__code__", None)
+    stored: set[str] = set()
+    pending = [code] if code is not None else []
+    while pending:
+        code = pending.pop()
+        stored |= {i.argval for i in dis.get_instructions(code) if i.opname == "STORE_ATTR"}
+        if {"setattr", "__setattr__"} & set(code.co_names):
+            stored |= {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+        pending += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return stored
+
+
+def module_assigns(module: str, name: str) -> bool:
+    """Whether ``module``'s source assigns ``self.<name>``, read without importing the module."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        return set()
+        return False
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return set()
+        return False
     with open(spec.origin, encoding="utf-8") as source:
-        return _self_assignments(ast.parse(source.read()))
-
-
-def _self_assignments(tree: ast.AST) -> set[str]:
-    """Names ``x`` of every ``self.x = ...`` (also annotated, augmented and tuple targets) and
-    ``setattr(self, "x", ...)`` / ``object.__setattr__(self, "x", ...)`` in ``tree``."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _is_setattr_on_self(node):
-            found.add(node.args[1].value)
-            continue
-        if isinstance(node, ast.Assign):
-            assigned = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            assigned = [node.target]
-        else:
-            continue
-        for target in assigned:
-            for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-                if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == "self":
-                    found.add(element.attr)
-    return found
-
-
-def _is_setattr_on_self(call: ast.Call) -> bool:
-    func = call.func
-    named = (isinstance(func, ast.Name) and func.id == "setattr") or (
-        isinstance(func, ast.Attribute) and func.attr == "__setattr__"
-    )
-    return (
-        named
-        and len(call.args) >= 2
-        and isinstance(call.args[0], ast.Name)
-        and call.args[0].id == "self"
-        and isinstance(call.args[1], ast.Constant)
-        and isinstance(call.args[1].value, str)
-    )
+        text = source.read()
+    return re.search(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]*)?=(?!=)", text) is not None
