@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_xpu_lora.patches.mem_pool import SPACED_LAYOUT_ATTR
+from sglang_xpu_lora.patches.mem_pool import SPACED_LAYOUT_ATTR, has_spaced_layout
 
 MAX_RANK = 32
 TARGETS = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
@@ -303,14 +303,15 @@ def test_backend_refuses_a_pool_without_the_spaced_layout(manager_with_pool, mon
     if missing:
         unhook(monkeypatch, LoRAManager if missing == "init_memory_pool" else LoRAMemoryPool, missing)
     backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
-    manager_with_pool(backend)
+    manager = manager_with_pool(backend)
 
     def first_batch():
         backend.prepare_lora_batch(forward_batch("DECODE", 2), [0, 0], [0, 0], [0.0, 0.0], False)
 
+    assert has_spaced_layout(manager.memory_pool) == (missing is None)
     if missing is None:
-        first_batch()
-        assert backend.batch_info is not None
+        first_batch()  # serves: no RuntimeError
+        assert backend.lora_memory_pool is manager.memory_pool
         return
     why = {"init_memory_pool": "hook on LoRAManager.init_memory_pool did not run",
            "load_lora_weight_to_buffer": "the pool has SGLang's packed layout"}[missing]
@@ -331,5 +332,11 @@ def test_backend_whose_ops_need_no_spacing_serves_on_the_packed_layout(manager_w
     unhook(monkeypatch, LoRAManager, "init_memory_pool")
     backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
     backend.needs_max_rank_spaced_layout = False
-    manager_with_pool(backend)
-    backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)
+    manager = manager_with_pool(backend)
+    assert not has_spaced_layout(manager.memory_pool)
+    backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)  # no RuntimeError
+    # the same pool refused by a backend whose ops need the spacing: what the flag changed
+    backend.needs_max_rank_spaced_layout = True
+    backend.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
+    with pytest.raises(RuntimeError, match="refuses to serve"):
+        backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)

@@ -127,9 +127,3 @@ def test_expands_reading_a_triton_shrink_are_served_by_triton():
     chosen["chunked_sgmv_lora_shrink_fwd"] = OpChoice("chunked_sgmv_lora_shrink_fwd", "triton", "no native op", True)
     selection._pair_triton_shrinks(chosen)
     assert {op for op, c in chosen.items() if c.provider == "triton"} == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}
-
-
-def test_every_provider_exports_every_op():
-    assert (torch_ops.name, triton_ops.name) == ("torch", "triton")
-    for op in base.OP_NAMES:
-        assert callable(getattr(torch_ops, op)) and callable(getattr(triton_ops, op)), op
