@@ -30,8 +30,8 @@ def load() -> None:
         return
     _attempted = True
     from sglang_xpu_lora import patches
-    from sglang_xpu_lora.upstream import compat
     from sglang_xpu_lora.patches.backend_registry import sglang_backend_names
+    from sglang_xpu_lora.upstream import compat
 
     host_problems[:] = compat.check_host()
     if not host_problems:

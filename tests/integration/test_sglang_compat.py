@@ -8,7 +8,7 @@ import inspect
 
 from packaging.version import Version
 
-from sglang_xpu_lora.upstream import compat, targets
+from sglang_xpu_lora.upstream import attributes, compat, targets
 
 
 def test_pinned_sglang_passes_every_check():
@@ -90,7 +90,17 @@ def test_instance_attributes_are_found_in_the_methods_of_the_bases():
     invent attributes that are not there."""
     manager, adapter = compat.resolve(targets.LORA_MANAGER), compat.resolve(targets.LORA_ADAPTER)
     assert not hasattr(manager, "memory_pool") and not hasattr(adapter, "base_model")
-    assert compat.missing_attributes(manager, ("memory_pool", "memory_pools")) == ["memory_pools"]
-    assert compat.missing_attributes(adapter, ("base_model", "base_models")) == ["base_models"]
-    assert compat.module_assigns("sglang.srt.models.deepseek_v2", "w_kc")
-    assert not compat.module_assigns("sglang.srt.models.deepseek_v2", "w_kc_absorbed")
+    assert attributes.missing_attributes(manager, ("memory_pool", "memory_pools")) == ["memory_pools"]
+    assert attributes.missing_attributes(adapter, ("base_model", "base_models")) == ["base_models"]
+    assert attributes.module_assigns("sglang.srt.models.deepseek_v2", "w_kc")
+    assert not attributes.module_assigns("sglang.srt.models.deepseek_v2", "w_kc_absorbed")
+
+
+def test_attributes_are_found_behind_the_plugins_own_hooks(sglang_plugins_loaded):
+    """Once SGLang applied the plugin's hooks, ``LoRAManager.init_memory_pool`` (which assigns
+    ``memory_pool``) is a wrapper; the guard reads the wrapped function, so ``doctor`` in a process
+    with the plugin loaded reports no problem."""
+    manager = compat.resolve(targets.LORA_MANAGER)
+    assert getattr(manager.init_memory_pool, "__wrapped__", None) is not None
+    assert attributes.missing_attributes(manager, ("memory_pool",)) == []
+

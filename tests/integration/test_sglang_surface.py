@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from sglang_xpu_lora.upstream import compat, targets
+from sglang_xpu_lora.upstream import attributes, compat, targets
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "sglang_xpu_lora"
 #: Attributes of SGLang models, which no class stands for (:data:`targets.MODEL_ATTRIBUTES`).
@@ -162,7 +162,7 @@ def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterat
             if hasattr(parent_cls, name):
                 yield parent, name, cls.lineno, ()
         for name in own_instance:  # state of the parent's that the subclass sets
-            if not compat.missing_attributes(parent_cls, [name]):
+            if not attributes.missing_attributes(parent_cls, [name]):
                 yield parent, name, cls.lineno, ()
         for node in ast.walk(cls):
             if isinstance(node, ast.Attribute) and dotted(node.value) == "self":

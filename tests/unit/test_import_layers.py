@@ -143,7 +143,10 @@ def test_entry_point_target_imports_without_torch_or_sglang():
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("module", ["sglang_xpu_lora.upstream.targets", "sglang_xpu_lora.upstream.compat", "sglang_xpu_lora.settings"])
+@pytest.mark.parametrize(
+    "module",
+    ["sglang_xpu_lora.upstream.targets", "sglang_xpu_lora.upstream.compat", "sglang_xpu_lora.upstream.attributes", "sglang_xpu_lora.settings"],
+)
 def test_leaves_import_without_torch_or_sglang(module):
     result = run_blocked(f"import {module}")
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]

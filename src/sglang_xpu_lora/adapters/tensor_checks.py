@@ -180,8 +180,8 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
     and the model's LoRA-able modules named as in the Hugging Face model (fused modules split into
     their slices), for resolving a regular-expression ``target_modules``.
     """
-    from sglang_xpu_lora.upstream.compat import resolve
     from sglang_xpu_lora.upstream import targets
+    from sglang_xpu_lora.upstream.compat import resolve
 
     VocabParallelEmbedding, ParallelLMHead = resolve(targets.VOCAB_PARALLEL_EMBEDDING), resolve(targets.PARALLEL_LM_HEAD)
     table: dict[str, tuple[int, int]] = {}

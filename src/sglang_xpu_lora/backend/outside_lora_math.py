@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_xpu_lora.upstream.compat import resolve
 from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 MOE_TARGETS = ("gate_up_proj", "down_proj")
 

@@ -43,10 +43,10 @@ from sglang_xpu_lora.adapters.tensor_checks import (
     hf_meta_dims,
     sglang_module_dims,
 )
-from sglang_xpu_lora.upstream.compat import resolve
-from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 logger = logging.getLogger(__name__)
 

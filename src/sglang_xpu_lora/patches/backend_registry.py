@@ -9,10 +9,10 @@ Remove when: never (this is SGLang's registration API).
 
 from __future__ import annotations
 
-from sglang_xpu_lora.upstream.compat import resolve
-from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 
 def sglang_backend_names() -> set[str]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import typing
 
-from sglang_xpu_lora.upstream.compat import resolve
-from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 
 def lora_backend_choices() -> list:

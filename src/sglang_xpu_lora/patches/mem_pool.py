@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from sglang_xpu_lora.upstream.compat import resolve
-from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 #: Attribute set on a ``LoRAMemoryPool`` instance whose backend needs the spaced layout.
 SPACED_LAYOUT_ATTR = "uses_max_rank_spaced_lora_layout"

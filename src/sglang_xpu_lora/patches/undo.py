@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_xpu_lora.upstream.compat import resolve
 from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 
 class UndoStack:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_xpu_lora.upstream.compat import resolve
-from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 
 def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> None:

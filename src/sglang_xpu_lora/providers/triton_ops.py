@@ -67,8 +67,8 @@ def pad_lora_ranks(lora_ranks: torch.Tensor, max_lora_rank: int, out: Optional[t
 def _kernels() -> types.SimpleNamespace:
     """SGLang's kernel functions, resolved on first use through the compat targets (which
     :func:`sglang_xpu_lora.upstream.compat.check_host` checks, parameters included)."""
-    from sglang_xpu_lora.upstream.compat import resolve
     from sglang_xpu_lora.upstream import targets
+    from sglang_xpu_lora.upstream.compat import resolve
 
     return types.SimpleNamespace(
         embedding_lora_a=resolve(targets.TRITON_EMBEDDING_LORA_A),
