@@ -146,7 +146,13 @@ def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterat
         (parent,) = parents
         parent_cls = compat.resolve(parent)
         own = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
-        own_values = {t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign)) for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        own_values = {
+            target.id
+            for n in cls.body
+            if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(target, ast.Name)
+        }
         own_instance = {
             n.attr
             for n in ast.walk(cls)
