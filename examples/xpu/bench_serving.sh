@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SGLang's serving benchmark (python -m sglang.benchmark.serving) against a multi-adapter server,
-# once per LoRA backend, on an Intel GPU: by default --lora-backend intel_xpu with XPU graphs (SGLang's
-# default) and without them (intel_xpu+eager), triton and csgmv, with random prompts for a prefill-heavy and a decode-heavy scenario, each request picking one of
-# the adapters at random. Each server is started with serve_multi_lora.sh (all its settings apply:
+# once per LoRA backend and decode mode, on an Intel GPU: by default --lora-backend intel_xpu, triton
+# and csgmv, each eager (SGLang 0.5.23's default on XPU: decode graphs are opt-in there) and with XPU
+# decode graphs (NAME+graphs: --cuda-graph-backend-decode full), with random prompts for a
+# prefill-heavy and a decode-heavy scenario, each request picking one of the adapters at random. Each server is started with serve_multi_lora.sh (all its settings apply:
 # DEVICE, MAX_LORA_RANK, TP_SIZE, EXTRA_ARGS, SGLANG_XPU_LORA_KERNELS, ...), stopped afterwards,
 # and leaves nothing behind.
 #
@@ -10,9 +11,9 @@
 #       bash examples/xpu/bench_serving.sh
 #
 # More settings, from the environment:
-#   BACKENDS="intel_xpu intel_xpu+eager triton csgmv"
-#                            the --lora-backend values to compare; NAME+eager runs NAME with
-#                            --disable-cuda-graph (decode not captured in graphs)
+#   BACKENDS="intel_xpu intel_xpu+graphs triton triton+graphs csgmv csgmv+graphs"
+#                            the --lora-backend values to compare; NAME+graphs runs NAME with
+#                            --cuda-graph-backend-decode full (decode steps captured in XPU graphs)
 #   SCENARIOS="prefill 512 8 8 256; decode 16 64 128 1024"
 #                            "name input-tokens output-tokens concurrency prompts; ..."
 #   PORT=30000  OUT=results  PYTHON=python  READY_TIMEOUT=1200 (seconds to wait for a server)
@@ -23,7 +24,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 MODEL=${MODEL:?set MODEL to the base model path or hub id}
 ADAPTERS=${ADAPTERS:?set ADAPTERS to "name=path ..." (4 to 8 adapters)}
-BACKENDS=${BACKENDS:-"intel_xpu intel_xpu+eager triton csgmv"}
+BACKENDS=${BACKENDS:-"intel_xpu intel_xpu+graphs triton triton+graphs csgmv csgmv+graphs"}
 SCENARIOS=${SCENARIOS:-"prefill 512 8 8 256; decode 16 64 128 1024"}
 PORT=${PORT:-30000}
 OUT=${OUT:-results}
@@ -41,8 +42,8 @@ server_tmp=""
 # $TMPDIR (its IPC sockets); SGLang never removes its /dev/shm load-snapshot file, so the files its
 # processes map are noted while it runs and removed after it stopped.
 start_server() {
-  local backend=${1%+eager} extra=${EXTRA_ARGS:-}
-  [ "$backend" = "$1" ] || extra="$extra --disable-cuda-graph"
+  local backend=${1%+graphs} extra=${EXTRA_ARGS:-}
+  [ "$backend" = "$1" ] || extra="$extra --cuda-graph-backend-decode full"
   server_tmp=$(mktemp -d)
   LORA_BACKEND=$backend EXTRA_ARGS=$extra HOST=127.0.0.1 TMPDIR=$server_tmp setsid bash "$here/serve_multi_lora.sh" >"$OUT/$1-server.log" 2>&1 &
   server=$!

@@ -19,7 +19,9 @@
 #   TP_SIZE=1                GPUs to shard the model over (tensor parallelism)
 #   HOST=127.0.0.1 PORT=30000
 #   EXTRA_ARGS               more `sglang serve` arguments, e.g. for a test run on CPU:
-#                            "--attention-backend torch_native --disable-cuda-graph --max-total-tokens 4096"
+#                            "--attention-backend torch_native --max-total-tokens 4096";
+#                            "--cuda-graph-backend-decode full" turns XPU decode graphs on
+#                            (off by default in SGLang 0.5.23 on XPU)
 #   SGLANG=sglang            the sglang command
 #
 # SGLang 0.5.23 leaves a small /dev/shm/sglang_loads_*.shm file and IPC socket files in $TMPDIR
