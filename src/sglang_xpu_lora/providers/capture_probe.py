@@ -299,7 +299,11 @@ class CaptureProbe:
         if self._pool is None:
             self._pool = graphs.new_pool()
         graph = graphs.new_graph()
-        graph.capture_begin(pool=self._pool)
+        try:
+            graph.capture_begin(pool=self._pool)
+        except Exception as exc:  # noqa: BLE001 - no trial, no native op in graphs
+            self._pool = None
+            return False, f"could not begin {where} ({_error(exc)})"
         try:
             output = call(**captured)
         except Exception as exc:  # noqa: BLE001
