@@ -435,7 +435,7 @@ def _sync_free_impls():
         _shrink_sync_free("sgemm_lora_a_fwd", o, x, w, stack_num, si, wi, r)
 
     def sgemm_b(o, x, w, si, wi, r, s, sl, base):
-        bands = torch.tensor([0, w.size(1)], device=o.device)
+        bands = torch.arange(2, device=o.device) * w.size(1)  # on the device: no host copy under capture
         _expand_sync_free("sgemm_lora_b_fwd", o, x, w, bands, s, si, wi, r, base)
 
     def qkv_b(o, x, w, offsets, max_dim, si, wi, r, s, sl, base):
