@@ -152,7 +152,7 @@ def test_without_device_graphs_nothing_is_tried():
     verdict = CaptureProbe().try_op("sgemm_lora_a_fwd", lambda **kw: pytest.fail("called"), CASE)
     assert not verdict.capture_safe
     assert verdict.reason == "not tried: cpu has no device graphs to try a capture in, so the native op stays out of graph batches"
-    assert capture_probe.device_graphs("cuda")[0] is None or torch.cuda.is_available()
+    assert capture_probe.device_graphs("xpu")[0] is None  # no XPU on the test machine: nothing to try either
 
 
 @pytest.mark.parametrize("value, provider, reason", [
