@@ -1,9 +1,10 @@
 """``sglang-xpu-lora doctor``: can this machine serve ``--lora-backend intel_xpu``, and how?
 
 Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
-provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why,
-the LoRA pool layout that follows, the ``sglang.lora_backends`` plugins and their distributions, and
-whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1
+provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why
+(on a CUDA/XPU device after a trial capture of each native op, as at graph set-up; without one it
+says that graph set-up decides), the LoRA pool layout that follows, the ``sglang.lora_backends``
+plugins and their distributions, and whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1
 otherwise. ``--json`` prints the same report as one JSON object. Without torch or SGLang it says
 what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the plugin
 version.
@@ -61,6 +62,9 @@ def collect() -> dict[str, Any]:
         report["kernels"] = providers.kernels_choice()
         with _quiet(providers.logger):  # the report says it all, once
             selection = providers.select_ops(device)
+            report["graph_probe"], verdicts = capture_probe_report(selection, device)
+            if verdicts:
+                selection = providers.select_ops(device, verdicts)
     except (ValueError, RuntimeError) as exc:
         report.setdefault("kernels", f"{os.environ.get(providers.KERNELS_ENV)!r} (invalid)")
         report["ops"] = []
@@ -81,6 +85,30 @@ def collect() -> dict[str, Any]:
     add_adapter_checks(report)
     report["can_serve"] = not report["problems"]
     return report
+
+
+#: Sizes of doctor's trial captures: a decode graph of 64 tokens, 8 slots, rank 16, bfloat16.
+PROBE_TOKENS, PROBE_SLOTS = 64, 8
+
+
+def capture_probe_report(selection, device: str) -> tuple[Any, dict]:
+    """``(report entry, verdicts)``: on a device with graphs, each native op the selection would run
+    inside graphs tried in a trial capture, as graph set-up does (:data:`PROBE_TOKENS` tokens,
+    :data:`PROBE_SLOTS` slots); elsewhere, or with nothing to try, a sentence and no verdicts."""
+    from sglang_xpu_lora.providers import capture_probe, native
+
+    if not selection.graph_candidates:
+        return "no native op to try inside graphs", {}
+    choice = capture_probe.graph_native_choice()
+    if choice != "probe":
+        return f"not tried ({capture_probe.GRAPH_NATIVE_ENV}={choice})", {}
+    graphs, why_not = capture_probe.device_graphs(device)
+    if graphs is None:
+        return f"not tried here ({why_not}): decided by a trial capture at graph set-up on the serving device", {}
+    case = capture_probe.ProbeCase.for_graph_setup(device, PROBE_TOKENS, PROBE_SLOTS)
+    verdicts = capture_probe.CaptureProbe(graphs).try_ops(selection.graph_candidates, case, native.bind)
+    rows = [{"op": op, "capture_safe": v.capture_safe, "reason": v.reason, "ms": round(v.seconds * 1e3, 3)} for op, v in verdicts.items()]
+    return rows, verdicts
 
 
 def add_adapter_checks(report: dict[str, Any]) -> None:
@@ -119,7 +147,7 @@ def render_ops(ops: list[dict[str, Any]]) -> list[str]:
     width = max((len(op["op"]) for op in ops), default=0)
     lines = []
     for op in ops:
-        safe = "graph-safe" if op["capture_safe"] else "not graph-safe"
+        safe = {True: "graph-safe", False: "not graph-safe", None: "tried at graph set-up"}[op["capture_safe"]]
         lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
         if op["graph_reason"] != op["reason"]:
             lines.append(f"  {'':<{width}}  {'':>6}   {'':<6}  {'in graphs:':<16}  {op['graph_reason']}")
@@ -229,6 +257,12 @@ def render(report: dict[str, Any]) -> str:
     ]
     if "pool_layout" in report:
         lines.append(f"  LoRA pool layout: {report['pool_layout']}")
+    probe = report.get("graph_probe")
+    if isinstance(probe, list):
+        lines.append(f"  Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")
+        lines += [f"    {row['op']}: {'runs natively' if row['capture_safe'] else 'falls back'} ({row['ms']} ms)" for row in probe]
+    elif probe:
+        lines.append(f"  Capture probe: {probe}")
     lines += ["", *render_plugins(report)]
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]

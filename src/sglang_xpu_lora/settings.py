@@ -2,6 +2,8 @@
 and ``doctor`` name them before anything heavy is imported).
 
 * :data:`KERNELS_ENV`: which provider runs the LoRA ops (:mod:`sglang_xpu_lora.providers.selection`).
+* :data:`GRAPH_NATIVE_ENV`: whether native ops run inside graphs: ``probe`` (default, decided by a
+  trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
   (:mod:`sglang_xpu_lora.adapters.checked_backends`).
 """
@@ -9,4 +11,5 @@ and ``doctor`` name them before anything heavy is imported).
 from __future__ import annotations
 
 KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
+GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"

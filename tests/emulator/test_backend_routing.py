@@ -1,5 +1,6 @@
 """``IntelXpuLoRABackend`` routing with the native provider (emulated ``full`` build): which op each
-batch shape reaches, graph-mode substitution, and numbers against a float64 reference."""
+batch shape reaches, graph-mode substitution decided by the trial captures at graph set-up (on a
+graph API on CPU, tests/fake_graphs.py), and numbers against a float64 reference."""
 
 from __future__ import annotations
 
@@ -10,22 +11,26 @@ from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_w
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
-CAPTURE_UNSAFE = {
-    "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd",
-    "chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd",
-}
 
 
-@pytest.fixture
-def backend_factory(emulate, sglang_plugins_loaded):
+@pytest.fixture(params=["full"])
+def backend_factory(request, emulate, sglang_plugins_loaded):
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
-    with emulate("full") as calls:
+    with emulate(request.param) as calls:
         yield lambda: IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu")), calls
 
 
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    """Trial captures on CPU through the graph API of tests/fake_graphs.py."""
+    from fake_graphs import FakeGraphs
 
+    from sglang_xpu_lora.providers import capture_probe
 
+    graphs = FakeGraphs()
+    monkeypatch.setattr(capture_probe, "device_graphs", lambda device_type: (graphs, ""))
+    return graphs
 
 
 def spaced_weights(num_slices, out_dims, seed=0):
@@ -86,7 +91,8 @@ def run_layer_ops(backend, x, seed=1):
     ]
 
 
-def test_decode_graph_batch_never_calls_capture_unsafe_native_ops_and_matches_eager(backend_factory):
+@pytest.mark.parametrize("backend_factory, native_in_graphs", [("full", False), ("full-syncfree", True)], indirect=["backend_factory"])
+def test_decode_graph_batch_runs_the_native_ops_its_trial_accepted_and_matches_eager(backend_factory, graphs_on_cpu, native_in_graphs):
     make, calls = backend_factory
     weight_indices = [2, 1, 2, 0]
     x = torch.randn(4, HIDDEN)
@@ -97,17 +103,26 @@ def test_decode_graph_batch_never_calls_capture_unsafe_native_ops_and_matches_ea
     assert set(calls) == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}  # native outside graphs
 
     graph_backend = make()
+    assert not graph_backend.op_selection.graph_decided
     graph_backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
+    assert graph_backend.op_selection.graph_decided
+    assert graphs_on_cpu.captures and all(c["ended"] for c in graphs_on_cpu.captures)  # tried at graph set-up
+    assert graphs_on_cpu.current is graphs_on_cpu.default_stream
     graph_backend.prepare_lora_batch(forward_batch("DECODE", 4), weight_indices, RANKS, SCALINGS, True)
     assert graph_backend._sgemm_info().use_cuda_graph
     calls.clear()
     graphed = run_layer_ops(graph_backend, x)
-    assert not set(calls) & CAPTURE_UNSAFE
+    native_calls = {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"} if native_in_graphs else set()
+    assert set(calls) == native_calls
     for got, expected in zip(graphed, eager):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_graph_batch_uses_capture_safe_ops_and_bounds(backend_factory, monkeypatch):
+@pytest.mark.parametrize("backend_factory", ["full-syncfree"], indirect=True)
+def test_prefill_graph_batch_uses_capture_safe_bounds(backend_factory, monkeypatch):
+    """With native ops inside graphs (``always`` here; on a GPU: a passing trial), the prefill
+    graph's native calls get capture-safe bounds and the padding rows no LoRA."""
+    monkeypatch.setenv("SGLANG_XPU_LORA_GRAPH_NATIVE", "always")
     make, calls = backend_factory
     lens, weight_indices = [3, 5], [1, 2]
     x = torch.randn(8, HIDDEN)
@@ -129,7 +144,7 @@ def test_prefill_graph_batch_uses_capture_safe_ops_and_bounds(backend_factory, m
     graphed = run_layer_ops(graph_backend, padded)
     ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0])
     graph_backend.run_lora_a_embedding(input_ids=ids, weights=torch.randn(MAX_LORAS, RANK, 10), vocab_size=10)
-    assert set(calls) == {"embedding_lora_a_fwd"}  # the only capture-safe native op of the build
+    assert set(calls) == {"sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "sgemm_lora_b_fwd", "embedding_lora_a_fwd"}
     assert seen_max_len == [16]  # the fixed chunk size, never the live batch's longest segment
     for got, expected in zip(graphed, eager):
         torch.testing.assert_close(got[:8], expected, rtol=1e-5, atol=1e-5)

@@ -20,10 +20,7 @@ EXPECTED_NATIVE = {
     "pr506-draft": ALL - {"chunked_sgmv_lora_expand_fwd"},
     "full": ALL,
 }
-
-
-#: Ops each build declares capture-safe (the emulator's declaration; no released build has one).
-DECLARED_CAPTURE_SAFE = {"full": {"embedding_lora_a_fwd"}}
+UNTRIED = "native op not run inside graphs: capture safety is decided by a trial capture at graph set-up"
 
 
 @pytest.fixture
@@ -55,34 +52,31 @@ def test_auto_on_cpu_uses_native_for_the_ops_the_build_has_and_torch_for_the_oth
             if choice.provider == "torch":
                 assert getattr(selection.eager, op).__wrapped__ is getattr(torch_ops, op)
                 assert native.MINIMUM_BUILD[op] in choice.reason
-        # Native ops run inside graphs only where the build declares them capture-safe.
-        graph_native = by_provider(selection.graph_choices).get("native", set())
-        assert graph_native == DECLARED_CAPTURE_SAFE.get(build, set())
+        # Native ops run inside graphs only after a trial capture accepted them (tests/unit/test_capture_probe.py).
+        assert "native" not in by_provider(selection.graph_choices) and not selection.graph_decided
+        assert set(selection.graph_candidates) == EXPECTED_NATIVE[build]
         assert selection.needs_max_rank_spaced_layout
         assert providers.runs_on_device("cpu")
 
 
 @pytest.mark.parametrize("build", list(EXPECTED_NATIVE))
-def test_auto_on_an_xpu_uses_native_then_triton_and_capture_safe_native_then_triton_in_graphs(emulate, as_on_xpu, build):
+def test_auto_on_an_xpu_uses_native_then_triton_and_triton_in_graphs_until_the_trial(emulate, as_on_xpu, build):
     with emulate(build):
         selection = providers.select_ops("xpu")
     has = EXPECTED_NATIVE[build]
     assert by_provider(selection.choices) == groups(native=has, triton=ALL - has)
-    safe = DECLARED_CAPTURE_SAFE.get(build, set())
-    assert by_provider(selection.graph_choices) == groups(native=safe, triton=ALL - safe)
-    assert all("not declared capture-safe" in selection.graph_choices[op].reason for op in has - safe)
+    assert by_provider(selection.graph_choices) == {"triton": ALL}
+    assert all(selection.graph_choices[op].reason.startswith(UNTRIED) for op in has)
+    assert all(selection.choices[op].capture_safe is None for op in has)
     assert selection.needs_max_rank_spaced_layout and selection.uses_triton
 
 
-def test_native_capture_safety_is_unknown_unless_the_build_declares_it(emulate, as_on_xpu, monkeypatch):
-    import sgl_kernel
-
-    with emulate("full"):
-        assert providers.choose("xpu").choices["embedding_lora_a_fwd"].capture_safe
-        monkeypatch.delattr(sgl_kernel, native.CAPTURE_SAFE_ATTR)  # same schema (with max_len), no declaration
-        selection = providers.choose("xpu")
-    assert not any(c.capture_safe for c in selection.choices.values())
-    assert by_provider(selection.graph_choices) == {"triton": ALL}
+def test_the_sync_free_build_has_the_full_builds_ops_and_numbers(emulate):
+    """Same detection, same results as ``full`` (the bound calls against the portable ops:
+    :func:`test_each_native_op_matches_the_portable_op`)."""
+    with emulate("full-syncfree"):
+        selection = providers.choose("cpu")
+    assert by_provider(selection.choices) == {"native": ALL}
 
 
 def test_triton_mode_ignores_the_native_build(emulate, as_on_xpu):
@@ -97,7 +91,6 @@ def test_older_shrink_name_and_embedding_without_max_len_are_detected(emulate):
         choices = providers.select_ops("cpu").choices
     assert choices["chunked_sgmv_lora_shrink_fwd"].kernel.kernel_name == "chunked_sgmv_lora_shrink_forward"
     assert "max_len" not in choices["embedding_lora_a_fwd"].kernel.arguments
-    assert not choices["embedding_lora_a_fwd"].capture_safe
 
 
 def test_native_mode_with_a_missing_op_names_it_and_the_build_that_has_it(emulate):
@@ -127,7 +120,8 @@ def _batch(num_rows=7, num_slots=3, max_rank=4):
     return dict(seg_indptr=seg_indptr, weight_indices=weight_indices, lora_ranks=ranks)
 
 
-def test_each_native_op_matches_the_portable_op(emulate):
+@pytest.mark.parametrize("build", ["full", "full-syncfree"])
+def test_each_native_op_matches_the_portable_op(emulate, build):
     rows, slots, rank, hidden = 7, 3, 4, 12
     meta = _batch(rows, slots, rank)
     permutation = torch.tensor([6, 0, 5, 1, 4, 2, 3], dtype=torch.int32)
@@ -152,7 +146,7 @@ def test_each_native_op_matches_the_portable_op(emulate):
             scalings=scalings, permutation=permutation, base_output=base, **meta,
         ),
     }
-    with emulate("full") as kernel_calls:
+    with emulate(build) as kernel_calls:
         selection = providers.select_ops()
         for op, kwargs in calls.items():
             got = getattr(selection.eager, op)(**kwargs)
@@ -230,3 +224,29 @@ def test_docs_provider_table_is_current(emulate, monkeypatch):
     text = DOC.read_text()
     for device, table in tables.items():
         assert table in text, f"docs/providers.md is out of date; the {device} table is now:\n{table}"
+
+
+@pytest.mark.parametrize(
+    "op, change, message",
+    [
+        ("sgemm_lora_a_fwd", {"input_x": torch.randn(12, 7).t()}, "input_x must be contiguous"),
+        ("sgemm_lora_a_fwd", {"weight_indices": torch.tensor([2, 0, 3], dtype=torch.int32)}, r"weight_indices must be in \[0, 3\)"),
+        ("sgemm_lora_a_fwd", {"lora_ranks": torch.tensor([0, 5, 2], dtype=torch.int32)}, r"lora_ranks must be in \[0, 4\]"),
+        ("sgemm_lora_a_fwd", {"seg_indptr": torch.tensor([0, 3, 3, 8], dtype=torch.int32)}, r"seg_indptr\[-1\] must not exceed num_tokens \(7\)"),
+        ("qkv_lora_b_fwd", {"max_qkv_out_dim": 6}, r"max_qkv_out_dim \(6\) must equal the widest band"),
+    ],
+)
+def test_the_sync_free_build_checks_values_on_the_device(emulate, op, change, message):
+    meta = _batch()
+    base = {
+        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), stack_num=1, **meta),
+        "qkv_lora_b_fwd": dict(
+            input_x=torch.randn(7, 12), qkv_lora_b=torch.randn(3, 20, 4), output_offset=torch.tensor([0, 8, 14, 20], dtype=torch.int32),
+            max_qkv_out_dim=8, scalings=torch.ones(3), **meta,
+        ),
+    }[op]
+    with emulate("full-syncfree"):
+        bound = getattr(providers.select_ops().eager, op)
+        bound(**base)
+        with pytest.raises(RuntimeError, match=message):
+            bound(**{**base, **change})

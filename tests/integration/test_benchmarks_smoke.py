@@ -57,3 +57,22 @@ def test_e2e_cpu(tmp_path):
     for r in rows:
         assert math.isfinite(r["intel_xpu_tok_s"]) and math.isfinite(r["torch_native_tok_s"]), r
         assert math.isclose(r["ratio"], r["intel_xpu_tok_s"] / r["torch_native_tok_s"]), r
+
+
+def test_capture_probe_cuda_smoke_on_cpu(tmp_path):
+    """The CUDA evidence script's CPU run: no device graphs, so no op is tried and none runs
+    natively inside graphs; the layer through the graph table matches the float64 reference."""
+    out = tmp_path / "capture-probe-cpu.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.capture_probe_cuda", "--device", "cpu", "--quick", "--decode-tokens", "8",
+         "--prefill-tokens", "16", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] and [b["build"] for b in report["builds"]] == ["full", "full-syncfree"]
+    for build in report["builds"]:
+        assert set(build["eager"].values()) == {"native"} and set(build["graph"].values()) == {"torch"}
+        assert len(build["trials"]) == 14 and not any(t["capture_safe"] for t in build["trials"])
+        assert all(t["reason"].startswith("not tried: cpu has no device graphs") for t in build["trials"])
+        assert all(layer["vs_float64"] < 1e-5 for layer in build["layers"])

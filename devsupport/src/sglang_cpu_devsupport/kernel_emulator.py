@@ -1,8 +1,10 @@
-"""Emulator of sgl-kernel-xpu LoRA kernel builds on CPU (development and tests only).
+"""Emulator of sgl-kernel-xpu LoRA kernel builds on CPU and CUDA (development and tests only).
 
 It registers the ``sgl_kernel`` LoRA op schemas of a chosen build under ``torch.ops.sgl_kernel``
-with CPU implementations that behave like the real kernels (sgl-kernel-xpu
-``src/sycl/*Lora*.cpp``; shared/research kernels note section 1), quirks included:
+with CPU and CUDA implementations (the ``device`` of the real ``XPU`` kernels is the tensors'
+device: CPU for the tests, a CUDA GPU for graph-capture evidence) that behave like the real
+kernels (sgl-kernel-xpu ``src/sycl/*Lora*.cpp``; shared/research kernels note section 1), quirks
+included:
 
 * GEMMs contract over the full ``max_rank`` and only range-check ``lora_ranks``, so an unzeroed
   rank tail or a packed LoRA-A layout gives visibly wrong numbers; only the embedding op clamps the
@@ -11,7 +13,14 @@ with CPU implementations that behave like the real kernels (sgl-kernel-xpu
 * the same argument checks: tensors contiguous, one value dtype per call, ``seg_indptr`` starting
   at 0 and ending at ``num_tokens``, slot and rank ranges, exact offsets and widest-band sizes, and
   the embedding op's int32-only index tensors. Checks read device memory with ``.item()``/``.cpu()``
-  like the real ones, which is why these ops are not capture-safe.
+  like the real ones, which is why these ops cannot be captured in a graph.
+
+The ``full-syncfree`` build has the same ops and schemas as ``full`` with the checks on values
+done on the device (``torch._assert_async``: a device-side assert on CUDA) and the math
+vectorised over the slots, so nothing reads device memory on the host and the ops can be captured
+in CUDA graphs, as a build whose kernels validate on the device would be (vllm-xpu-kernels' LoRA
+ops read adapter indices on the device; shared/research findings section 2). Like the embedding op
+with ``max_len``, its ops accept rows past ``seg_indptr[-1]`` (graph padding): they get no LoRA.
 
 One deliberate difference: float32 GEMMs are accepted (real builds take fp16/bf16 only), so the
 float32 engine comparisons can run through the native code path on CPU.
@@ -86,12 +95,11 @@ BUILDS = {
         "chunked_sgmv_lora_expand_fwd": "chunked_sgmv_lora_expand_fwd",
     },
 }
-
-#: Kernels each build declares capture-safe (``sgl_kernel.lora_capture_safe_ops``, read by the
-#: plugin's native provider): the ``full`` build's embedding, whose ``max_len`` bounds the grid from
-#: the host, so the capture-safe native path is exercised.
-CAPTURE_SAFE = {"full": ("embedding_lora_a_fwd",)}
-CAPTURE_SAFE_ATTR = "lora_capture_safe_ops"
+#: The ``full`` ops without host reads (see the module docstring).
+BUILDS["full-syncfree"] = dict(BUILDS["full"])
+SYNC_FREE_BUILDS = ("full-syncfree",)
+#: Dispatch keys every build registers its ops for.
+DISPATCH_KEYS = ("CPU", "CUDA")
 
 _VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _library: Optional[torch.library.Library] = None
@@ -108,8 +116,8 @@ def _check(condition: bool, message: str) -> None:
         raise RuntimeError(message)
 
 
-def _check_input(name: str, tensor: torch.Tensor) -> None:
-    _check(tensor.device.type == "cpu", f"{name} must be a XPU tensor (emulated on CPU)")
+def _check_input(name: str, tensor: torch.Tensor, device: torch.device) -> None:
+    _check(tensor.device == device, f"{name} must be a XPU tensor (emulated on {device}), got one on {tensor.device}")
     _check(tensor.is_contiguous(), f"{name} must be contiguous")
 
 
@@ -117,24 +125,33 @@ def _check_values(output, *named) -> None:
     for name, tensor in named:
         if tensor is None:
             continue
-        _check_input(name, tensor)
+        _check_input(name, tensor, output.device)
         _check(tensor.dtype in _VALUE_DTYPES, f"{name} must be float16, bfloat16 or float32, got {tensor.dtype}")
         _check(tensor.dtype == output.dtype, f"{name} dtype {tensor.dtype} must match output dtype {output.dtype}")
 
 
-def _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max_rank, *, int32_only=False, padded_tail=False):
-    """Validate the segment metadata (host reads, like the kernels) and return (bounds, slots).
-
-    ``padded_tail``: the capture-safe embedding (with ``max_len``) cannot compare
-    ``seg_indptr[-1]`` with the token count on the host; rows past it (graph padding) get zeros.
-    """
+def _check_segment_metadata(seg_indptr, weight_indices, lora_ranks, device, int32_only):
+    """The checks of the segment tensors that read no values: device, layout, dtypes, sizes."""
     for name, tensor in (("seg_indptr", seg_indptr), ("weight_indices", weight_indices), ("lora_ranks", lora_ranks)):
-        _check_input(name, tensor)
+        _check_input(name, tensor, device)
         if int32_only:  # the embedding launcher reads data_ptr<int>() of the tensors as passed
             _check(tensor.dtype == torch.int32, f"expected scalar type Int but found {tensor.dtype} ({name})")
         else:
             _check(tensor.dtype in (torch.int32, torch.int64), f"{name} must be an integer tensor")
     _check(seg_indptr.dim() == 1 and seg_indptr.numel() >= 1, "seg_indptr must be 1-D and non-empty")
+    _check(
+        weight_indices.numel() == seg_indptr.numel() - 1,
+        f"weight_indices.numel() ({weight_indices.numel()}) must equal seg_indptr.numel() - 1 ({seg_indptr.numel() - 1})",
+    )
+
+
+def _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max_rank, device, *, int32_only=False, padded_tail=False):
+    """Validate the segment metadata (host reads, like the kernels) and return (bounds, slots).
+
+    ``padded_tail``: the capture-safe embedding (with ``max_len``) cannot compare
+    ``seg_indptr[-1]`` with the token count on the host; rows past it (graph padding) get zeros.
+    """
+    _check_segment_metadata(seg_indptr, weight_indices, lora_ranks, device, int32_only)
     bounds = seg_indptr.to(torch.int64).tolist()
     _check(bounds[0] == 0, f"seg_indptr[0] must be 0, got {bounds[0]}")
     if padded_tail:
@@ -142,10 +159,6 @@ def _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max
     else:
         _check(bounds[-1] == num_tokens, f"seg_indptr[-1] ({bounds[-1]}) must equal num_tokens ({num_tokens})")
     _check(all(a <= b for a, b in zip(bounds, bounds[1:])), "seg_indptr must be non-decreasing")
-    _check(
-        weight_indices.numel() == len(bounds) - 1,
-        f"weight_indices.numel() ({weight_indices.numel()}) must equal seg_indptr.numel() - 1 ({len(bounds) - 1})",
-    )
     slots = weight_indices.to(torch.int64).tolist()
     if slots:
         lo, hi = min(slots), max(slots)
@@ -157,8 +170,8 @@ def _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max
     return bounds, slots
 
 
-def _check_offsets(name: str, offsets: torch.Tensor, count: int, total: int, widest_name: str, widest: int):
-    _check_input(name, offsets)
+def _check_offsets(name: str, offsets: torch.Tensor, count: int, total: int, widest_name: str, widest: int, device):
+    _check_input(name, offsets, device)
     _check(offsets.numel() == count, f"{name} must have {count} elements, got {offsets.numel()}")
     host = offsets.to(torch.int32).cpu().tolist()
     _check(host[0] == 0 and host[-1] == total, f"{name} must start at 0 and end at {total}, got {host}")
@@ -182,10 +195,10 @@ def _rows(bounds, slots, permutation, num_tokens):
         yield slot, order[bounds[s] : bounds[s + 1]]
 
 
-def _check_permutation(permutation, num_tokens):
+def _check_permutation(permutation, num_tokens, device):
     if permutation is None:
         return
-    _check_input("permutation", permutation)
+    _check_input("permutation", permutation, device)
     _check(permutation.numel() == num_tokens, f"permutation.numel() ({permutation.numel()}) must equal num_tokens ({num_tokens})")
     if num_tokens:
         lo, hi = int(permutation.min().item()), int(permutation.max().item())
@@ -198,13 +211,13 @@ def _check_permutation(permutation, num_tokens):
 def _embedding(kernel_name, output, input_ids, weights, vocab_size, seg_indptr, weight_indices, lora_ranks,
                extra_embeddings, seg_lens, max_len=None):
     _log(kernel_name)
-    _check_input("input_ids", input_ids)
+    _check_input("input_ids", input_ids, output.device)
     _check(input_ids.dtype == torch.int64, f"input_ids must be int64, got {input_ids.dtype}")
     _check_values(output, ("weights", weights), ("extra_embeddings", extra_embeddings))
     _check(weights.size(2) == vocab_size, f"weights.size(2) ({weights.size(2)}) must equal vocab_size ({vocab_size})")
     num_tokens, max_rank = input_ids.numel(), weights.size(1)
     bounds, slots = _segments(
-        seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), max_rank,
+        seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), max_rank, output.device,
         int32_only=True, padded_tail=max_len is not None,
     )
     if max_len is not None:
@@ -229,31 +242,33 @@ def _shrink(kernel_name, output, x, weights, stack_num, seg_indptr, weight_indic
     _check(stack_num > 0 and weights.size(1) % stack_num == 0, "weights.size(1) must be divisible by stack_num > 0")
     _check(x.size(1) == weights.size(2), f"input_x.size(1) ({x.size(1)}) must equal weights.size(2) ({weights.size(2)})")
     num_tokens = x.size(0)
-    _check_permutation(permutation, num_tokens)
-    bounds, slots = _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), weights.size(1) // stack_num)
+    _check_permutation(permutation, num_tokens, output.device)
+    bounds, slots = _segments(
+        seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), weights.size(1) // stack_num, output.device
+    )
     for slot, rows in _rows(bounds, slots, permutation, num_tokens):
         if rows:
-            index = torch.tensor(rows)
+            index = torch.tensor(rows, device=output.device)
             output[index] = (x[index].float() @ weights[slot].float().T).to(output.dtype)  # full max_rank
 
 
 def _expand(kernel_name, output, x, weights, bands, scalings, seg_indptr, weight_indices, lora_ranks, base_output, permutation=None):
     _log(kernel_name)
     _check_values(output, ("input_x", x), ("weights", weights), ("base_output", base_output))
-    _check_input("scalings", scalings)
+    _check_input("scalings", scalings, output.device)
     num_slices, max_rank, num_tokens = len(bands) - 1, weights.size(2), x.size(0)
     _check(
         x.size(1) == num_slices * max_rank,
         f"input_x.size(1) ({x.size(1)}) must equal {num_slices} * weights.size(2) ({max_rank})",
     )
-    _check_permutation(permutation, num_tokens)
-    bounds, slots = _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), max_rank)
+    _check_permutation(permutation, num_tokens, output.device)
+    bounds, slots = _segments(seg_indptr, weight_indices, lora_ranks, num_tokens, weights.size(0), max_rank, output.device)
     scale = scalings.float().tolist()
-    result = torch.zeros(output.shape, dtype=torch.float32) if base_output is None else base_output.float().clone()
+    result = torch.zeros(output.shape, dtype=torch.float32, device=output.device) if base_output is None else base_output.float().clone()
     for slot, rows in _rows(bounds, slots, permutation, num_tokens):
         if not rows:
             continue
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=output.device)
         for p in range(num_slices):
             lo, hi = bands[p], bands[p + 1]
             xs = x[index, p * max_rank : (p + 1) * max_rank].float()
@@ -275,9 +290,9 @@ def _impls():
         _expand("sgemm_lora_b_fwd", o, x, w, [0, w.size(1)], s, si, wi, r, base)
 
     def qkv_b(o, x, w, offsets, max_dim, si, wi, r, s, sl, base):
-        _check_input("output_offset", offsets)
+        _check_input("output_offset", offsets, o.device)
         _check(offsets.numel() == 4, f"output_offset must have exactly 4 elements, got {offsets.numel()}")
-        bands = _check_offsets("output_offset", offsets, 4, w.size(1), "max_qkv_out_dim", max_dim)
+        bands = _check_offsets("output_offset", offsets, 4, w.size(1), "max_qkv_out_dim", max_dim, o.device)
         _expand("qkv_lora_b_fwd", o, x, w, bands, s, si, wi, r, base)
 
     def gate_up_b(o, x, w, output_dim, si, wi, r, s, sl, base):
@@ -291,7 +306,7 @@ def _impls():
         return impl
 
     def expand(o, x, w, offsets, max_slice, num_slices, num_segments, si, wi, r, s, perm, base):
-        bands = _check_offsets("slice_offsets", offsets, num_slices + 1, w.size(1), "max_slice_size", max_slice)
+        bands = _check_offsets("slice_offsets", offsets, num_slices + 1, w.size(1), "max_slice_size", max_slice, o.device)
         _expand("chunked_sgmv_lora_expand_fwd", o, x, w, bands, s, si, wi, r, base, perm)
 
     return {
@@ -307,8 +322,153 @@ def _impls():
     }
 
 
+# --- the sync-free build: the same ops, nothing read back to the host ------------------------------
+
+
+def _on_device(condition: torch.Tensor, message: str) -> None:
+    """A value check done on the device (on CUDA a device-side assert; on CPU it raises)."""
+    torch._assert_async(condition, message)
+
+
+def _slot_of_row(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max_rank, device, permutation=None, int32_only=False):
+    """Validate the segment metadata on the device and return each row's slot, ``(num_tokens,)``
+    int64 on the device, -1 for rows in no segment (past ``seg_indptr[-1]``); rows are physical
+    (``permutation[i]`` is the row of logical position ``i``)."""
+    _check_segment_metadata(seg_indptr, weight_indices, lora_ranks, device, int32_only)
+    bounds = seg_indptr.to(torch.int64)
+    _on_device(bounds[0] == 0, "seg_indptr[0] must be 0")
+    _on_device(bounds[-1] <= num_tokens, f"seg_indptr[-1] must not exceed num_tokens ({num_tokens})")
+    _on_device((bounds[1:] >= bounds[:-1]).all(), "seg_indptr must be non-decreasing")
+    slots = weight_indices.to(torch.int64)
+    _on_device(((slots >= 0) & (slots < num_loras)).all(), f"weight_indices must be in [0, {num_loras})")
+    _on_device(((lora_ranks >= 0) & (lora_ranks <= max_rank)).all(), f"lora_ranks must be in [0, {max_rank}]")
+    position = torch.arange(num_tokens, device=device)
+    if slots.numel() == 0:
+        return torch.full((num_tokens,), -1, dtype=torch.int64, device=device)
+    segment = torch.searchsorted(bounds[1:], position, right=True).clamp(max=slots.numel() - 1)
+    logical = torch.where(position < bounds[-1], slots[segment], -1)
+    if permutation is None:
+        return logical
+    _check_input("permutation", permutation, device)
+    _check(permutation.numel() == num_tokens, f"permutation.numel() ({permutation.numel()}) must equal num_tokens ({num_tokens})")
+    rows = permutation.to(torch.int64)
+    _on_device(((rows >= 0) & (rows < num_tokens)).all(), f"permutation values must be in [0, {num_tokens})")
+    return torch.full_like(logical, -1).scatter_(0, rows, logical)
+
+
+def _bands_on_device(name, offsets, count, total, widest_name, widest, device) -> torch.Tensor:
+    _check_input(name, offsets, device)
+    _check(offsets.numel() == count, f"{name} must have {count} elements, got {offsets.numel()}")
+    bands = offsets.to(torch.int64)
+    _on_device((bands[0] == 0) & (bands[-1] == total), f"{name} must start at 0 and end at {total}")
+    _on_device((bands[1:] >= bands[:-1]).all(), f"{name} must be non-decreasing")
+    _on_device((bands[1:] - bands[:-1]).max() == widest, f"{widest_name} ({widest}) must equal the widest band")
+    return bands
+
+
+def _embedding_sync_free(output, input_ids, weights, vocab_size, seg_indptr, weight_indices, lora_ranks, extra_embeddings, seg_lens, max_len):
+    _log("embedding_lora_a_fwd")
+    _check_input("input_ids", input_ids, output.device)
+    _check(input_ids.dtype == torch.int64, f"input_ids must be int64, got {input_ids.dtype}")
+    _check_values(output, ("weights", weights), ("extra_embeddings", extra_embeddings))
+    _check(weights.size(2) == vocab_size, f"weights.size(2) ({weights.size(2)}) must equal vocab_size ({vocab_size})")
+    num_tokens, num_loras, max_rank = input_ids.numel(), weights.size(0), weights.size(1)
+    slot = _slot_of_row(seg_indptr, weight_indices, lora_ranks, num_tokens, num_loras, max_rank, output.device, int32_only=True)
+    if seg_indptr.numel() > 1:
+        longest = (seg_indptr[1:] - seg_indptr[:-1]).max()
+        _on_device(longest <= max_len, f"max_len ({max_len}) is smaller than the longest segment")
+    known = slot >= 0
+    slot_c = slot.clamp(min=0)
+    rank = torch.where(known, lora_ranks.to(torch.int64)[slot_c].clamp(0, max_rank), 0)
+    in_rank = torch.arange(max_rank, device=output.device)[None, :] < rank[:, None]
+    tok = input_ids
+    value = torch.where(((tok >= 0) & (tok < vocab_size))[:, None], weights[slot_c, :, tok.clamp(0, vocab_size - 1)], 0)
+    if extra_embeddings is not None and extra_embeddings.size(1):
+        extra = (tok - vocab_size).clamp(0, extra_embeddings.size(1) - 1)
+        in_extra = (tok >= vocab_size) & (tok < vocab_size + extra_embeddings.size(1))
+        value = torch.where(in_extra[:, None], extra_embeddings[slot_c, extra, :], value)
+    output.copy_(torch.where(in_rank, value, 0).to(output.dtype))
+
+
+def _shrink_sync_free(kernel_name, output, x, weights, stack_num, seg_indptr, weight_indices, lora_ranks, permutation=None):
+    _log(kernel_name)
+    _check_values(output, ("input_x", x), ("weights", weights))
+    _check(stack_num > 0 and weights.size(1) % stack_num == 0, "weights.size(1) must be divisible by stack_num > 0")
+    _check(x.size(1) == weights.size(2), f"input_x.size(1) ({x.size(1)}) must equal weights.size(2) ({weights.size(2)})")
+    slot = _slot_of_row(
+        seg_indptr, weight_indices, lora_ranks, x.size(0), weights.size(0), weights.size(1) // stack_num, output.device, permutation
+    )
+    result = output.float()
+    for s in range(weights.size(0)):  # full max_rank, like the kernels
+        result = torch.where((slot == s)[:, None], x.float() @ weights[s].float().T, result)
+    output.copy_(result.to(output.dtype))
+
+
+def _expand_sync_free(kernel_name, output, x, weights, bands, scalings, seg_indptr, weight_indices, lora_ranks, base_output, permutation=None):
+    """``bands``: ``(num_slices + 1,)`` int64 band boundaries on the device."""
+    _log(kernel_name)
+    _check_values(output, ("input_x", x), ("weights", weights), ("base_output", base_output))
+    _check_input("scalings", scalings, output.device)
+    num_slices, max_rank = bands.numel() - 1, weights.size(2)
+    _check(
+        x.size(1) == num_slices * max_rank,
+        f"input_x.size(1) ({x.size(1)}) must equal {num_slices} * weights.size(2) ({max_rank})",
+    )
+    slot = _slot_of_row(seg_indptr, weight_indices, lora_ranks, x.size(0), weights.size(0), max_rank, output.device, permutation)
+    column = torch.arange(weights.size(1), device=output.device)
+    scale = scalings.float()
+    result = torch.zeros(output.shape, dtype=torch.float32, device=output.device) if base_output is None else base_output.float().clone()
+    for p in range(num_slices):
+        in_band = (column >= bands[p]) & (column < bands[p + 1])
+        xs = x[:, p * max_rank : (p + 1) * max_rank].float()
+        for s in range(weights.size(0)):
+            mask = (slot == s)[:, None] & in_band[None, :]
+            result = torch.where(mask, result + scale[s] * (xs @ weights[s].float().T), result)
+    output.copy_(result.to(output.dtype))
+
+
+def _sync_free_impls():
+    def embedding_max_len(o, ids, w, v, si, wi, r, e, sl, max_len):
+        _embedding_sync_free(o, ids, w, v, si, wi, r, e, sl, max_len)
+
+    def sgemm_a(o, x, w, stack_num, si, wi, r, sl):
+        _shrink_sync_free("sgemm_lora_a_fwd", o, x, w, stack_num, si, wi, r)
+
+    def sgemm_b(o, x, w, si, wi, r, s, sl, base):
+        bands = torch.arange(2, device=o.device) * w.size(1)  # on the device: no host copy under capture
+        _expand_sync_free("sgemm_lora_b_fwd", o, x, w, bands, s, si, wi, r, base)
+
+    def qkv_b(o, x, w, offsets, max_dim, si, wi, r, s, sl, base):
+        _check(offsets.numel() == 4, f"output_offset must have exactly 4 elements, got {offsets.numel()}")
+        bands = _bands_on_device("output_offset", offsets, 4, w.size(1), "max_qkv_out_dim", max_dim, o.device)
+        _expand_sync_free("qkv_lora_b_fwd", o, x, w, bands, s, si, wi, r, base)
+
+    def gate_up_b(o, x, w, output_dim, si, wi, r, s, sl, base):
+        _check(output_dim > 0 and w.size(1) == 2 * output_dim, f"gate_up_lora_b.size(1) must equal 2 * output_dim ({output_dim})")
+        bands = torch.arange(3, device=o.device) * output_dim  # built on the device, as the real op does
+        _expand_sync_free("gate_up_lora_b_fwd", o, x, w, bands, s, si, wi, r, base)
+
+    def shrink(o, x, w, num_slices, num_segments, si, wi, r, perm):
+        _shrink_sync_free("chunked_sgmv_lora_shrink_fwd", o, x, w, num_slices, si, wi, r, perm)
+
+    def expand(o, x, w, offsets, max_slice, num_slices, num_segments, si, wi, r, s, perm, base):
+        bands = _bands_on_device("slice_offsets", offsets, num_slices + 1, w.size(1), "max_slice_size", max_slice, o.device)
+        _expand_sync_free("chunked_sgmv_lora_expand_fwd", o, x, w, bands, s, si, wi, r, base, perm)
+
+    return {
+        "embedding_lora_a_fwd+max_len": embedding_max_len,
+        "sgemm_lora_a_fwd": sgemm_a,
+        "sgemm_lora_b_fwd": sgemm_b,
+        "qkv_lora_b_fwd": qkv_b,
+        "gate_up_lora_b_fwd": gate_up_b,
+        "chunked_sgmv_lora_shrink_fwd": shrink,
+        "chunked_sgmv_lora_expand_fwd": expand,
+    }
+
+
 def install(build: str) -> None:
-    """Register the ops of ``build`` (a key of :data:`BUILDS`) once per process.
+    """Register the ops of ``build`` (a key of :data:`BUILDS`) once per process, for every
+    dispatch key of :data:`DISPATCH_KEYS`.
 
     Raises:
         ValueError: for an unknown build, or a second, different build in the same process.
@@ -321,22 +481,12 @@ def install(build: str) -> None:
             raise ValueError(f"emulated build {installed_build!r} is already installed in this process")
         return
     _library = torch.library.Library("sgl_kernel", "FRAGMENT")
-    impls = _impls()
+    impls = _sync_free_impls() if build in SYNC_FREE_BUILDS else _impls()
     for kernel_name, schema_key in BUILDS[build].items():
         _library.define(kernel_name + SCHEMAS[schema_key])
-        _library.impl(kernel_name, impls[schema_key], "CPU")
-    _declare_capture_safe(CAPTURE_SAFE.get(build, ()))
+        for dispatch_key in DISPATCH_KEYS:
+            _library.impl(kernel_name, impls[schema_key], dispatch_key)
     installed_build = build
-
-
-def _declare_capture_safe(kernel_names) -> None:
-    """Set (or, for no names, remove) the build's capture-safety declaration on ``sgl_kernel``."""
-    import sgl_kernel
-
-    if kernel_names:
-        setattr(sgl_kernel, CAPTURE_SAFE_ATTR, frozenset(kernel_names))
-    elif CAPTURE_SAFE_ATTR in vars(sgl_kernel):
-        delattr(sgl_kernel, CAPTURE_SAFE_ATTR)
 
 
 def uninstall() -> None:
@@ -344,7 +494,6 @@ def uninstall() -> None:
     global _library, installed_build
     if _library is not None:
         _library._destroy()
-        _declare_capture_safe(())
     _library, installed_build = None, None
     CALLS.clear()
 

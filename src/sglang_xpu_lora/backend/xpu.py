@@ -46,7 +46,7 @@ from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import select_ops, torch_ops, triton_ops
+from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops, triton_ops
 from sglang_xpu_lora.providers.selection import triton_support
 
 logger = logging.getLogger(__name__)
@@ -68,8 +68,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     support DP-attention graphs (it asserts there is no gathered buffer) and that path has not been
     verified with these kernels, so ``LoRAManager`` rejects ``--enable-dp-attention`` at start-up
     rather than serving through an unverified route. ``supports_prefill_cuda_graph`` stays True
-    (inherited): inside graphs every op runs on a capture-safe provider (a native op the build
-    declares capture-safe, SGLang's Triton kernels, or the portable ops; :attr:`op_selection`).
+    (inherited): inside graphs every op runs on a capture-safe provider (a native op that a trial
+    capture at graph set-up accepted, SGLang's Triton kernels, or the portable ops;
+    :attr:`op_selection`, :meth:`_decide_graph_ops`).
     """
 
     name = "intel_xpu"
@@ -79,6 +80,10 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().__init__(max_loras_per_batch, device, **kwargs)
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
         self.op_selection = select_ops(device)
+        #: Trial captures of native ops at graph set-up, with their per-process state (side stream,
+        #: private pool, verdicts): :mod:`sglang_xpu_lora.providers.capture_probe`.
+        self.capture_probe = capture_probe.CaptureProbe()
+        self._graph_verdicts: dict = {}
         #: Whether the pool must be max-rank spaced (read by the plugin's pool patch).
         self.needs_max_rank_spaced_layout = self.op_selection.needs_max_rank_spaced_layout
         self._padded_ranks: Optional[torch.Tensor] = None  # persistent: captured graphs read its address
@@ -150,15 +155,33 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._pool_check_pending = False
 
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
-        """SGLang's Triton decode-graph batch info, after the pool check."""
+        """SGLang's Triton decode-graph batch info, after the pool check and the trial captures
+        that decide which native ops run inside graphs (:meth:`_decide_graph_ops`)."""
         self._check_memory_pool()
+        self._decide_graph_ops(max_bs_in_cuda_graph * num_tokens_per_req)
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
         """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
-        the pool check."""
+        the pool check and the trial captures (:meth:`_decide_graph_ops`)."""
         self._check_memory_pool()
+        self._decide_graph_ops(max_num_tokens)
         super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
+
+    def _decide_graph_ops(self, tokens: int) -> None:
+        """Try each native op the selection would run inside graphs in a trial capture sized like
+        this graph set-up (``tokens``, ``max_loras_per_batch``, the pool's rank and dtype), and
+        rebuild the graph op table from the verdicts, combined with earlier set-ups' (an op stays
+        native in graphs only while every trial passed). SGLang calls the graph set-up hooks
+        before it captures, so every capture sees the decided table. A no-op without candidates
+        or when ``SGLANG_XPU_LORA_GRAPH_NATIVE`` decides (``never``, ``always``)."""
+        selection = self.op_selection
+        if not selection.graph_candidates or capture_probe.graph_native_choice() != "probe":
+            return
+        case = capture_probe.ProbeCase.for_graph_setup(self.device, tokens, self.max_loras_per_batch, self.lora_memory_pool)
+        verdicts = self.capture_probe.try_ops(selection.graph_candidates, case, native.bind)
+        self._graph_verdicts = capture_probe.merge(self._graph_verdicts, verdicts)
+        self.op_selection = select_ops(self.device, self._graph_verdicts)
 
     # --- batch preparation ---------------------------------------------------------------------
 

@@ -9,11 +9,9 @@ whose schema needs an argument this plugin cannot supply counts as absent.
 The raw ops take the output first (``Tensor! output, ...) -> ()``); :func:`bind` allocates it the
 way the sgl-kernel-xpu Python wrappers do (``python/sgl_kernel/lora.py``), zero-filled.
 
-Capture safety is unknown, so treated as unsafe, unless the build declares it: every build seen so
-far validates inputs with ``.item()`` and copies offsets to the host, which cannot be captured in an
-XPU graph. A build declares the kernels it makes capture-safe by listing their names (as under
-``torch.ops.sgl_kernel``) in the module attribute ``sgl_kernel.``:data:`CAPTURE_SAFE_ATTR` (no
-released build does yet; the test emulator's ``full`` build does).
+Whether an op may run inside CUDA/XPU graphs is not read from the build (no build declares it, and
+every build seen so far validates inputs on the host with ``.item()``/``.cpu()``): it is decided by
+a trial capture at graph set-up (:mod:`.capture_probe`).
 """
 
 from __future__ import annotations
@@ -43,9 +41,6 @@ MINIMUM_BUILD = {
     "chunked_sgmv_lora_expand_fwd": "an sgl-kernel-xpu build with chunked_sgmv_lora_expand_fwd (after PR #506)",
 }
 
-#: Module attribute of ``sgl_kernel``: the kernel names the build declares capture-safe.
-CAPTURE_SAFE_ATTR = "lora_capture_safe_ops"
-
 #: Schema argument names that differ from the provider interface's names, per op.
 ALIASES = {
     "chunked_sgmv_lora_shrink_fwd": {"x": "input_x", "num_slices": "stack_num"},
@@ -71,7 +66,6 @@ class KernelOp:
     op: str  #: provider-interface name
     kernel_name: str  #: name under ``torch.ops.sgl_kernel``
     arguments: tuple[str, ...]  #: schema argument names after ``output``
-    capture_safe: bool
 
     @property
     def schema_note(self) -> str:
@@ -94,16 +88,10 @@ def _schema_arguments(kernel_name: str) -> Optional[list]:
         return None
 
 
-def declared_capture_safe(module: Any, kernel_name: str) -> bool:
-    """Whether the build ``module`` declares ``kernel_name`` capture-safe (see the module docstring)."""
-    return kernel_name in (getattr(module, CAPTURE_SAFE_ATTR, None) or ())
-
-
-def detect_op(op: str, parameters: tuple[str, ...], module: Any = None) -> tuple[Optional[KernelOp], str]:
+def detect_op(op: str, parameters: tuple[str, ...]) -> tuple[Optional[KernelOp], str]:
     """Find ``op`` in the loaded build. Returns ``(KernelOp or None, reason)``.
 
-    ``parameters`` are the provider-interface parameter names of the op; ``module`` is the imported
-    ``sgl_kernel`` build, read for its capture-safety declaration (None: nothing declared).
+    ``parameters`` are the provider-interface parameter names of the op.
     """
     aliases = ALIASES.get(op, {})
     for kernel_name in KERNEL_NAMES[op]:
@@ -120,10 +108,8 @@ def detect_op(op: str, parameters: tuple[str, ...], module: Any = None) -> tuple
         ]
         if unknown:
             return None, f"torch.ops.sgl_kernel.{kernel_name} needs unsupported argument(s) {', '.join(unknown)}"
-        capture_safe = declared_capture_safe(module, kernel_name)
-        kernel = KernelOp(op, kernel_name, tuple(names[1:]), capture_safe)
-        declared = ", declared capture-safe" if capture_safe else ""
-        return kernel, f"found {kernel.schema_note}{declared}"
+        kernel = KernelOp(op, kernel_name, tuple(names[1:]))
+        return kernel, f"found {kernel.schema_note}"
     return None, f"not in the installed build (first in {MINIMUM_BUILD[op]})"
 
 

@@ -5,10 +5,12 @@
 * ``auto``: per op, eager: the native sgl-kernel-xpu op when the installed build has it (and, for a
   known device, registers a kernel for it) -> SGLang's Triton kernels when Triton runs on the
   serving device -> the portable PyTorch op. Inside graphs the same order, but a native op only
-  when the build declares it capture-safe (:func:`.native.detect_op`). ``auto`` never picks Triton
-  on CPU (its interpreter is far slower than the portable ops).
+  when a trial capture at graph set-up showed it captures and replays equal to eager
+  (:mod:`.capture_probe`; ``SGLANG_XPU_LORA_GRAPH_NATIVE`` overrides: ``never``, ``always``);
+  until the trial (:attr:`OpSelection.graph_decided` False) native ops stay out of graphs.
+  ``auto`` never picks Triton on CPU (its interpreter is far slower than the portable ops).
 * ``native``: the native op for every op in eager mode, an error naming any missing op; inside
-  graphs a capture-unsafe native op is replaced as under ``auto``.
+  graphs a native op the trial rejected is replaced as under ``auto``.
 * ``triton``: SGLang's Triton kernels for every op, in both modes; an error when Triton cannot run
   on the serving device (on CPU only under ``TRITON_INTERPRET=1``, for tests).
 * ``torch``: the portable PyTorch ops everywhere (also lets ``intel_xpu`` run on a device other
@@ -36,7 +38,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from sglang_xpu_lora.providers.base import OP_NAMES
-from sglang_xpu_lora.settings import KERNELS_ENV
+from sglang_xpu_lora.providers.capture_probe import Verdict, graph_native_choice
+from sglang_xpu_lora.settings import GRAPH_NATIVE_ENV, KERNELS_ENV
 
 KERNEL_CHOICES = ("auto", "native", "triton", "torch")
 PROVIDERS = ("native", "triton", "torch")
@@ -114,7 +117,7 @@ class OpChoice:
     op: str
     provider: str  #: one of :data:`PROVIDERS`
     reason: str
-    capture_safe: bool
+    capture_safe: Optional[bool]  #: whether it may run inside graphs; None: a native op not tried yet
     kernel: Optional[object] = None  #: the :class:`.native.KernelOp` when native
 
 
@@ -134,6 +137,11 @@ class OpSelection:
     mode: str  #: the SGLANG_XPU_LORA_KERNELS value
     build: str  #: description of the installed kernel build
     device: Optional[str] = None  #: the serving device type the selection was made for
+    #: op -> :class:`.native.KernelOp`: the native ops that would run inside graphs if a trial
+    #: capture accepts them (what :class:`.capture_probe.CaptureProbe` tries at graph set-up).
+    graph_candidates: dict = dataclasses.field(default_factory=dict)
+    #: False while native ops wait for their trial capture (and stay out of :attr:`graph`).
+    graph_decided: bool = True
 
     def for_graph(self, use_graph: bool) -> types.SimpleNamespace:
         return self.graph if use_graph else self.eager
@@ -163,24 +171,23 @@ def _ignoring_batch_info(fn: Callable) -> Callable:
     return call
 
 
-def _detect_native() -> tuple[Optional[object], str, dict]:
-    """``(sgl_kernel module or None, build description, {op: (KernelOp or None, reason)})``."""
+def _detect_native() -> tuple[str, dict]:
+    """``(build description, {op: (KernelOp or None, reason)})``."""
     from sglang_xpu_lora.providers import native, torch_ops
 
     module, build = native.kernel_build()
     found = {
-        op: native.detect_op(op, tuple(inspect.signature(getattr(torch_ops, op)).parameters), module)
-        if module else (None, build)
+        op: native.detect_op(op, tuple(inspect.signature(getattr(torch_ops, op)).parameters)) if module else (None, build)
         for op in OP_NAMES
     }
-    return module, build, found
+    return build, found
 
 
 def _native_choices(kind: Optional[str], mode: str) -> tuple[str, dict]:
     """``(build, {op: (KernelOp or None, reason)})``, a kernel counted only when it runs on ``kind``."""
     from sglang_xpu_lora.providers import native
 
-    _, build, found = _detect_native()
+    build, found = _detect_native()
     for op, (kernel, reason) in list(found.items()):
         if kernel is not None and kind is not None and not native.has_kernel_for_device(kernel, kind):
             kernel, reason = None, f"{kernel.schema_note} has no {kind} kernel"
@@ -205,11 +212,26 @@ def _pair_triton_shrinks(choices: dict) -> None:
                 )
 
 
-def choose(device: Device = None) -> OpSelection:
+def _graph_verdict(verdict: Optional[Verdict], graph_native: str) -> tuple[Optional[bool], str]:
+    """Whether a native op runs inside graphs (None: not tried yet), and why."""
+    if graph_native == "always":
+        return True, f"{GRAPH_NATIVE_ENV}=always: runs inside graphs untried"
+    if graph_native == "never":
+        return False, f"{GRAPH_NATIVE_ENV}=never"
+    if verdict is None:
+        return None, "capture safety is decided by a trial capture at graph set-up"
+    return verdict.capture_safe, verdict.reason
+
+
+def choose(device: Device = None, graph_verdicts: Optional[dict] = None) -> OpSelection:
     """The selection for ``device`` (see the module docstring), without logging.
 
+    ``graph_verdicts``: op -> :class:`.capture_probe.Verdict` from the trial captures at graph
+    set-up; None before them (native ops then stay out of graphs, :attr:`OpSelection.graph_decided`
+    False, unless ``SGLANG_XPU_LORA_GRAPH_NATIVE`` is ``always`` or ``never``).
+
     Raises:
-        ValueError: for an invalid ``SGLANG_XPU_LORA_KERNELS`` value.
+        ValueError: for an invalid ``SGLANG_XPU_LORA_KERNELS`` or ``SGLANG_XPU_LORA_GRAPH_NATIVE`` value.
         RuntimeError: with ``native``, when the build lacks an op (names the op and the first build
             that has it); with ``triton``, when Triton cannot run on ``device``.
     """
@@ -235,29 +257,31 @@ def choose(device: Device = None) -> OpSelection:
     if kind == "cpu" and triton_runs:
         triton_runs, triton_reason = False, f"{KERNELS_ENV}={mode} does not use the Triton interpreter on CPU"
 
+    graph_native = graph_native_choice()
     build, found = _native_choices(kind, mode)
-    choices, graph_choices = {}, {}
+    choices, graph_choices, optimistic = {}, {}, {}
     for op in OP_NAMES:
         kernel, reason = found[op]
-        if kernel is not None:
-            choices[op] = OpChoice(op, "native", reason, kernel.capture_safe, kernel)
+        if kernel is None:
+            if triton_runs:
+                choices[op] = OpChoice(op, "triton", f"no native op: {reason}; {triton_reason}", True)
+            else:
+                choices[op] = OpChoice(op, "torch", f"no native op: {reason}; no Triton: {triton_reason}", True)
+            graph_choices[op] = optimistic[op] = choices[op]
+            continue
+        safe, why = _graph_verdict((graph_verdicts or {}).get(op), graph_native)
+        choices[op] = OpChoice(op, "native", reason, safe, kernel)
+        optimistic[op] = OpChoice(op, "native", why, True, kernel)
+        if safe:
+            graph_choices[op] = optimistic[op]
         elif triton_runs:
-            choices[op] = OpChoice(op, "triton", f"no native op: {reason}; {triton_reason}", True)
+            graph_choices[op] = OpChoice(op, "triton", f"native op not run inside graphs: {why}; {triton_reason}", True)
         else:
-            choices[op] = OpChoice(op, "torch", f"no native op: {reason}; no Triton: {triton_reason}", True)
-        if kernel is not None and kernel.capture_safe:
-            graph_choices[op] = choices[op]
-        elif kernel is not None:
-            unsafe = "native op is not declared capture-safe"
-            graph_choices[op] = (
-                OpChoice(op, "triton", f"{unsafe}; {triton_reason}", True)
-                if triton_runs
-                else OpChoice(op, "torch", f"{unsafe}; no Triton: {triton_reason}", True)
-            )
-        else:
-            graph_choices[op] = choices[op]
-    _pair_triton_shrinks(choices)
-    _pair_triton_shrinks(graph_choices)
+            graph_choices[op] = OpChoice(op, "torch", f"native op not run inside graphs: {why}; no Triton: {triton_reason}", True)
+    for chosen in (choices, graph_choices, optimistic):
+        _pair_triton_shrinks(chosen)
+    candidates = {op: c.kernel for op, c in optimistic.items() if c.provider == "native"}
+    decided = not candidates or all(choices[op].capture_safe is not None for op in candidates)
     implementations = {"triton": triton, "torch": portable}
 
     def table(chosen: dict) -> types.SimpleNamespace:
@@ -268,34 +292,35 @@ def choose(device: Device = None) -> OpSelection:
 
     eager = table(choices)
     graph = eager if graph_choices == choices else table(graph_choices)
-    return OpSelection(eager, graph, choices, graph_choices, mode, build, kind)
+    return OpSelection(eager, graph, choices, graph_choices, mode, build, kind, candidates, decided)
 
 
 _reported: set = set()
 
 
 def _report(selection: OpSelection) -> None:
-    """Log each op not served natively, and each graph substitution, once per process."""
+    """Log each op not served natively, and each graph substitution once decided, once per process."""
     for op in selection.choices:
         eager, graph = selection.choices[op], selection.graph_choices[op]
         if eager.provider != "native" and ("eager", op, eager.provider) not in _reported:
             _reported.add(("eager", op, eager.provider))
             level = logging.WARNING if eager.provider == "torch" else logging.INFO
             logger.log(level, "sglang-xpu-lora: %s uses the %s provider (%s)", op, eager.provider, eager.reason)
-        elif eager.provider != graph.provider and ("graph", op, graph.provider) not in _reported:
+        elif selection.graph_decided and eager.provider != graph.provider and ("graph", op, graph.provider) not in _reported:
             _reported.add(("graph", op, graph.provider))
             logger.info(
                 "sglang-xpu-lora: %s: %s outside graphs, %s inside graphs (%s)", op, eager.provider, graph.provider, graph.reason
             )
 
 
-def select_ops(device: Device = None) -> OpSelection:
-    """:func:`choose` for ``device``, logging each op not served natively once per process.
+def select_ops(device: Device = None, graph_verdicts: Optional[dict] = None) -> OpSelection:
+    """:func:`choose` for ``device`` and ``graph_verdicts``, logging each op not served natively
+    once per process.
 
     Raises:
         ValueError, RuntimeError: as :func:`choose`.
     """
-    selection = choose(device)
+    selection = choose(device, graph_verdicts)
     if selection.mode not in ("torch", "triton"):
         _report(selection)
     return selection

@@ -1,0 +1,208 @@
+"""Device evidence for the capture probe on real CUDA graphs: the emulated host-syncing
+sgl-kernel-xpu build (``full``) falls back to Triton inside graphs, the emulated sync-free build
+(``full-syncfree``) runs natively inside them, and graph replays equal eager.
+
+For each build, as a fresh serving process would (a new :class:`CaptureProbe` per build):
+
+1. install the emulated build (its ops registered for CUDA) and select the ops for ``cuda`` under
+   ``SGLANG_XPU_LORA_KERNELS=auto``: every op native outside graphs, none inside until tried;
+2. run the trial captures at a decode-graph and a prefill-graph set-up's sizes (``--decode-tokens``,
+   ``--prefill-tokens``, 8 slots, ``max_lora_rank`` 64, bfloat16), as
+   ``IntelXpuLoRABackend.init_*_cuda_graph_batch_info`` does, and record each op's verdict, reason
+   and cost; afterwards no capture is open and the default stream is current again;
+3. rebuild the selection from the verdicts and check the graph providers: all Triton for ``full``,
+   all native for ``full-syncfree``;
+4. capture one Llama-3.1-8B decoder layer's LoRA work (qkv, o, gate_up, down; adapters of rank 16
+   under ``max_lora_rank`` 64 on the spaced pool, 4 adapters with distinct scalings) through the
+   graph op table in a CUDA graph, decode and prefill, refill the routing with another batch in
+   place (as SGLang's graph runner does), replay, and compare with eager execution of the same
+   table on that batch (``replay_vs_eager``, relative to the output's magnitude) and with the
+   float64 reference (``vs_float64``).
+
+The script exits with status 1 if a check fails. On a GPU machine with torch and Triton but no
+SGLang, run it with the stand-ins of ``benchmarks/prepare_gpu_carry.sh``::
+
+    bash benchmarks/prepare_gpu_carry.sh
+    PYTHONPATH=.carry/site:src:devsupport/src:. python3 -m benchmarks.capture_probe_cuda \\
+        --out benchmarks/results/capture-probe-cuda.json
+
+``--device cpu --quick`` is the smoke run of the tests: there are no device graphs, so nothing is
+tried (the verdict says so), and the layer (a tiny one with ``--quick``) runs eagerly through the
+graph table only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+BUILDS = {"full": "triton", "full-syncfree": "native"}  # build -> provider expected inside graphs on CUDA
+SLOTS, MAX_RANK, REAL_RANK, ADAPTERS = 8, 64, 16, 4
+
+
+def layer(ops, case, info) -> dict:
+    """One layer's LoRA outputs through op table ``ops``, called with keywords as
+    ``IntelXpuLoRABackend`` routes them: a permuted (decode) batch through the chunked shrink and
+    expand, a contiguous one through ``sgemm_lora_a_fwd`` and the B op of the slice count."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    torch_ops.begin_batch()
+    outputs = {}
+    for name, (a, b, outs) in case.weights.items():
+        n = len(outs)
+        meta = dict(seg_indptr=case.seg_indptr, weight_indices=case.weight_indices, lora_ranks=case.ranks, batch_info=info)
+        x, offsets = case.inputs[name], case.offsets[name]
+        if case.permutation is not None:
+            mid = ops.chunked_sgmv_lora_shrink_fwd(input_x=x, weights=a, stack_num=n, num_segments=SLOTS,
+                                                   permutation=case.permutation, **meta)
+            outputs[name] = ops.chunked_sgmv_lora_expand_fwd(
+                input_x=mid, weights=b, slice_offsets=offsets, max_slice_size=max(outs), num_slices=n, num_segments=SLOTS,
+                permutation=case.permutation, base_output=None, scalings=case.scalings, **meta,
+            )
+            continue
+        mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=n, **meta)
+        if n == 3:
+            outputs[name] = ops.qkv_lora_b_fwd(input_x=mid, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs),
+                                               base_output=None, scalings=case.scalings, **meta)
+        elif n == 2:
+            outputs[name] = ops.gate_up_lora_b_fwd(input_x=mid, gate_up_lora_b=b, output_dim=outs[0], base_output=None,
+                                                   scalings=case.scalings, **meta)
+        else:
+            outputs[name] = ops.sgemm_lora_b_fwd(input_x=mid, weights=b, base_output=None, scalings=case.scalings, **meta)
+    return outputs
+
+
+def relative(got: dict, expected: dict) -> float:
+    return max(float((got[n].double() - expected[n].double()).abs().max() / expected[n].double().abs().max().clamp(min=1e-30))
+               for n in expected)
+
+
+def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict:
+    """Step 4 of the module docstring for ``mode`` (``decode``: 64 tokens, ``prefill``: 2 x 512),
+    on a Llama-3.1-8B layer (``quick``: a tiny layer)."""
+    from benchmarks.common import MODELS
+    from benchmarks.ops import TINY, Case, reference_output
+    from sglang_xpu_lora.providers import triton_ops
+
+    tokens = 64 if mode == "decode" else 1024
+    model = TINY if quick else MODELS["llama-3.1-8b"]
+    case, other = (Case(model, MAX_RANK, ADAPTERS, tokens, mode, torch.bfloat16 if device.type == "cuda" else torch.float32,
+                        device, seed=seed, real_rank=REAL_RANK) for seed in (1, 2))
+    for c in (case, other):
+        c.scalings.copy_(torch.linspace(0.5, 2.0, c.scalings.numel()))  # distinct per adapter
+    info = None
+    if selection.uses_triton:
+        from benchmarks.triton_peers import dense_batch_info
+
+        info = dense_batch_info(case, triton_ops.pad_lora_ranks(case.ranks, MAX_RANK))  # the spaced pool
+    table = selection.graph
+    result = {"mode": mode, "tokens": tokens, "graph_ops": sorted({c.provider for c in selection.graph_choices.values()})}
+    if device.type == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(table, case, info)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(table, case, info)
+        for attr in ("seg_indptr", "weight_indices") + (("permutation",) if mode == "decode" else ()):
+            getattr(case, attr).copy_(getattr(other, attr))  # the next batch, in place
+        for name in case.inputs:
+            case.inputs[name].copy_(other.inputs[name])
+        if info is not None:
+            info.seg_lens.copy_(case.seg_indptr[1:] - case.seg_indptr[:-1])
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = {name: out.clone() for name, out in captured.items()}
+    else:
+        replayed = layer(table, case, info)
+    reference = {name: reference_output(case, name) for name in case.weights}
+    result["replay_vs_eager"] = relative(replayed, layer(table, case, info))  # the same ops, eagerly
+    result["replay_vs_eager_ops"] = relative(replayed, layer(selection.eager, case, info))  # the ops outside graphs
+    result["vs_float64"] = relative(replayed, reference)
+    result["ok"] = result["replay_vs_eager"] <= 1e-3 and result["replay_vs_eager_ops"] <= 2e-2 and result["vs_float64"] <= 2e-2
+    return result
+
+
+def probe_build(build: str, device: torch.device, args) -> dict:
+    """Steps 1-3 of the module docstring for ``build``, then step 4."""
+    from sglang_cpu_devsupport import kernel_emulator
+
+    from sglang_xpu_lora import providers
+    from sglang_xpu_lora.providers import capture_probe, native
+
+    kernel_emulator.install(build)
+    try:
+        before = providers.choose(device.type)
+        probe = capture_probe.CaptureProbe()
+        reserved = torch.cuda.memory_reserved() if device.type == "cuda" else 0
+        verdicts, trials = {}, []
+        for setup, tokens in (("decode", args.decode_tokens), ("prefill", args.prefill_tokens)):
+            case = capture_probe.ProbeCase(device, tokens, SLOTS, MAX_RANK, torch.bfloat16 if device.type == "cuda" else torch.float32)
+            found = probe.try_ops(before.graph_candidates, case, native.bind)
+            trials += [{"setup": setup, "tokens": tokens, "op": op, "capture_safe": v.capture_safe, "reason": v.reason,
+                        "ms": v.seconds * 1e3} for op, v in found.items()]
+            verdicts = capture_probe.merge(verdicts, found)
+        after = providers.choose(device.type, verdicts)
+        state = {}
+        if device.type == "cuda":
+            state = {"capturing_after": torch.cuda.is_current_stream_capturing(),
+                     "default_stream_current_after": torch.cuda.current_stream() == torch.cuda.default_stream(),
+                     "reserved_mib_by_trials": (torch.cuda.memory_reserved() - reserved) / 2**20}
+        expected = BUILDS[build] if device.type == "cuda" else "torch"
+        result = {
+            "build": build,
+            "eager": {op: c.provider for op, c in after.choices.items()},
+            "graph": {op: c.provider for op, c in after.graph_choices.items()},
+            "graph_reasons": {op: c.reason for op, c in after.graph_choices.items()},
+            "trials": trials,
+            "probe_ms_total": sum(t["ms"] for t in trials),
+            **state,
+            "layers": [layer_check(after, mode, device, args.quick) for mode in ("decode", "prefill")],
+        }
+        result["ok"] = (
+            set(result["eager"].values()) == {"native"}
+            and set(result["graph"].values()) == {expected}
+            and all(layer["ok"] for layer in result["layers"])
+            and not state.get("capturing_after", False)
+            and state.get("default_stream_current_after", True)
+        )
+        return result
+    finally:
+        kernel_emulator.uninstall()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--decode-tokens", type=int, default=128, help="tokens of the decode-graph set-up's trial")
+    parser.add_argument("--prefill-tokens", type=int, default=512, help="tokens of the prefill-graph set-up's trial")
+    parser.add_argument("--quick", action="store_true", help="a tiny layer (the CPU smoke run)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "capture-probe-cuda.json")
+    args = parser.parse_args(argv)
+    os.environ["SGLANG_XPU_LORA_KERNELS"] = "auto"
+    os.environ.pop("SGLANG_XPU_LORA_GRAPH_NATIVE", None)
+    device = torch.device(args.device)
+    from benchmarks.common import machine
+
+    results = [probe_build(build, device, args) for build in BUILDS]
+    payload = {"machine": machine(), "device": device.type, "ok": all(r["ok"] for r in results), "builds": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1))
+    for r in results:
+        print(f"{r['build']}: graph providers {sorted(set(r['graph'].values()))}, probe {r['probe_ms_total']:.1f} ms "
+              f"over {len(r['trials'])} trials, layers {[(l['mode'], round(l['replay_vs_eager'], 6), round(l['vs_float64'], 4)) for l in r['layers']]}, "
+              f"ok={r['ok']}")
+    print(f"wrote {args.out}; ok={payload['ok']}")
+    return 0 if payload["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
