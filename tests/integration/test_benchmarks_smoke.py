@@ -49,6 +49,20 @@ def test_host_overhead_adds_no_device_syncs(tmp_path):
     assert all(r["added_syncs"] == 0 and r["intel_xpu_syncs"] == 0 for r in rows)
 
 
+def test_sync_cost_counts_the_native_ops_host_reads(tmp_path):
+    """The stand-in makes the host reads the research notes list per sgl-kernel-xpu op (counted
+    through the aten ops behind them: 21 per module on the decode path), and reports their cost as
+    the difference of the two paths' timings."""
+    run_benchmark("sync_cost", tmp_path)
+    rows = json.loads((tmp_path / "sync-cost-cpu-quick.json").read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["syncs_per_step"] == r["reads_counted_per_step"] == 4 * 21 * r["layers"], r
+        assert math.isfinite(r["triton_ms"]) and math.isfinite(r["synced_ms"]), r
+        assert math.isclose(r["added_ms"], r["synced_ms"] - r["triton_ms"]), r
+        assert math.isclose(r["step_ratio"], r["synced_ms"] / r["triton_ms"]), r
+
+
 @pytest.mark.e2e
 def test_e2e_cpu(tmp_path):
     run_benchmark("e2e_cpu", tmp_path, "--artifacts", str(tmp_path / "artifacts"))
