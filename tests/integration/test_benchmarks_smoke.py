@@ -36,8 +36,9 @@ def test_ops(tmp_path):
     for r in rows:
         assert math.isfinite(r["portable_ms"]) and math.isfinite(r["torch_native_ms"]), r
         assert math.isclose(r["speedup_vs_torch_native"], r["torch_native_ms"] / r["portable_ms"]), r
-    for tier in ("intel_xpu_packed", "intel_xpu_spaced"):
+    for tier in ("intel_xpu_packed", "intel_xpu_spaced", "intel_xpu_eager"):  # eager: the backend's run_* methods
         assert all(math.isfinite(r[f"{tier}_ms"]) and r[f"{tier}_max_error"] < 1e-5 for r in rows), tier
+    assert all(math.isfinite(r["triton_backend_ms"]) for r in rows)
     assert (tmp_path / "ops-cpu-quick.md").read_text().count("\n") >= 5
     assert (tmp_path / "ops-cpu-quick.png").stat().st_size > 1000
 
