@@ -205,6 +205,25 @@ def _pair_triton_shrinks(choices: dict) -> None:
                 )
 
 
+#: Eager decode: serve the permuted ops by SGLang's Triton kernels rather than native ops that
+#: synchronise with the host (not declared capture-safe), where Triton runs. Off until the
+#: sync-cost measurement on an Intel GPU says the syncs lose (docs/performance.md, "Host syncs in
+#: eager decode"; benchmarks/sync_cost.py stands them in on CUDA).
+EAGER_DECODE_PREFERS_TRITON = False
+#: The permuted (decode) ops that rule covers.
+DECODE_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
+
+
+def _prefer_triton_for_eager_decode(choices: dict, triton_reason: str) -> None:
+    """Apply :data:`EAGER_DECODE_PREFERS_TRITON` to the eager choices (``auto`` only)."""
+    for op in DECODE_OPS:
+        choice = choices[op]
+        if choice.provider == "native" and not choice.capture_safe:
+            choices[op] = OpChoice(
+                op, "triton", f"native op syncs with the host, which costs more than Triton in eager decode; {triton_reason}", True
+            )
+
+
 def choose(device: Device = None) -> OpSelection:
     """The selection for ``device`` (see the module docstring), without logging.
 
@@ -256,6 +275,8 @@ def choose(device: Device = None) -> OpSelection:
             )
         else:
             graph_choices[op] = choices[op]
+    if EAGER_DECODE_PREFERS_TRITON and mode == "auto" and triton_runs:
+        _prefer_triton_for_eager_decode(choices, triton_reason)
     _pair_triton_shrinks(choices)
     _pair_triton_shrinks(graph_choices)
     implementations = {"triton": triton, "torch": portable}
