@@ -20,6 +20,12 @@ What this backend does not compute: SGLang runs LoRA on MoE experts and the abso
 says; :meth:`IntelXpuLoRABackend.validate_lora_targets` names them when a model has them and
 refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.outside_lora_math`).
 
+Per-op work is prepared once per batch (:mod:`sglang_xpu_lora.backend.batch_routes`): each
+``run_*`` call looks up the :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` of its batch
+info (op table, index arguments, permutation slice, kernel batch info) and calls its op(s); for
+permuted batches on the Triton provider the route may run SGLang's chunked-SGMV kernels instead of
+its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
+
 Routing (``info = self._sgemm_info(...)``):
 
 * ``info.permutation is None`` (extend, TARGET_VERIFY, lm_head, contiguous segments): the prefill
