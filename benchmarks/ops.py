@@ -31,10 +31,12 @@ time / portable time, ``graph_ratio_vs_*`` a path's graph time / the peer's grap
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import random
+import types
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -44,6 +46,8 @@ from benchmarks.common import MODELS, RESULTS, ModelShape, time_call, write
 from sglang_xpu_lora.providers import torch_ops
 
 MAX_LORAS = 8
+#: Decode batches from which the chunked-SGMV kernels are also timed (intel_xpu_chunked).
+CHUNKED_MIN_TOKENS = 64
 PREFILL_REQUEST_TOKENS = 512
 #: A layer small enough for Triton's interpreter on CPU (the --quick smoke run only).
 TINY = ModelShape("tiny", hidden=32, q=32, kv=16, intermediate=48)
@@ -142,6 +146,56 @@ class Case:
         weights = self.weights if spaced else self.packed_weights
         return lambda name: self.run_module(triton_ops, weights, name, batch_info=info)
 
+    # --- whole backends, through their run_* methods (what a user gets) ------------------------------
+
+    def forward_batch(self):
+        """The fields of SGLang's ``ForwardBatch`` that LoRA batch preparation reads, for the case."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        fb = types.SimpleNamespace(
+            forward_mode=ForwardMode.DECODE if self.mode == "decode" else ForwardMode.EXTEND,
+            batch_size=len(self.request_slots), return_logprob=False, spec_info=None,
+            extend_seq_lens_cpu=None, extend_seq_lens=None, extend_num_tokens=None,
+        )
+        if self.mode != "decode":
+            fb.extend_seq_lens_cpu, fb.extend_num_tokens = list(self.request_lens), sum(self.request_lens)
+            fb.extend_seq_lens = torch.tensor(self.request_lens, dtype=torch.int32, device=self.device)
+        return fb
+
+    def backend_fn(self, backend_name: str, chunked_min_tokens: Optional[int] = None) -> Callable[[str], torch.Tensor]:
+        """The layer through a whole LoRA backend on SGLang's packed pool, after its
+        ``prepare_lora_batch`` of the case's batch: ``intel_xpu`` (``IntelXpuLoRABackend`` as
+        ``auto`` selects it on a device without native kernels: SGLang's Triton kernels, with the
+        chunked-SGMV kernels from ``chunked_min_tokens`` decode tokens on) or ``triton`` (SGLang's
+        ``TritonLoRABackend``). Each module is called as SGLang's LoRA layers call the backend."""
+        from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+
+        from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
+        from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+        if backend_name == "triton":
+            backend = TritonLoRABackend(max_loras_per_batch=MAX_LORAS, device=self.device)
+        else:
+            with kernels_env("triton"):  # auto's choice on a GPU without sgl-kernel-xpu (and on CPU for smoke runs)
+                backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=self.device)
+            backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=self.rank)
+            backend.chunked_decode_rule = ChunkedDecodeRule(min_tokens=chunked_min_tokens)
+        ranks, scalings = [self.real_rank] * MAX_LORAS, [2.0] * MAX_LORAS
+        backend.prepare_lora_batch(self.forward_batch(), list(self.request_slots), ranks, scalings, False)
+
+        def run(name):
+            a, b, outs = self.packed_weights[name]
+            x, offsets = self.inputs[name], self.offsets[name]
+            if len(outs) == 3:
+                return backend.run_qkv_lora(
+                    x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=None
+                )
+            if len(outs) == 2:
+                return backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, output_offset=offsets, base_output=None)
+            return backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a), weights=b, output_offset=offsets, base_output=None)
+
+        return run
+
     # --- SGLang torch_native (eager control path) ---------------------------------------------------
 
     def torch_native_fn(self) -> Callable[[str], torch.Tensor]:
@@ -164,6 +218,29 @@ class Case:
             return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu())
 
         return run
+
+
+@contextlib.contextmanager
+def kernels_env(value: str):
+    """``SGLANG_XPU_LORA_KERNELS=value`` for the block (the selection reads it at construction)."""
+    saved = os.environ.get("SGLANG_XPU_LORA_KERNELS")
+    os.environ["SGLANG_XPU_LORA_KERNELS"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["SGLANG_XPU_LORA_KERNELS"]
+        else:
+            os.environ["SGLANG_XPU_LORA_KERNELS"] = saved
+
+
+def measure(row: dict, key: str, fn: Callable[[], object], device, args) -> None:
+    """``row[key + "_ms"]``: the best of ``args.repeats`` timings of ``fn`` (each the median of a
+    :func:`time_call`), and with repeats ``row[key + "_spread"]``: worst / best - 1."""
+    times = [time_call(fn, device, min_seconds=args.seconds) for _ in range(args.repeats)]
+    row[f"{key}_ms"] = min(times) * 1e3
+    if args.repeats > 1:
+        row[f"{key}_spread"] = max(times) / min(times) - 1
 
 
 def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
@@ -246,6 +323,21 @@ def grid(args) -> list[tuple]:
     return points
 
 
+def selected(points: list[tuple], args) -> list[tuple]:
+    """The grid points that pass the ``--models``/``--modes``/``--tokens``/``--ranks``/``--adapters`` filters."""
+    keep = []
+    for point in points:
+        model, rank, adapters, tokens, mode, _ = point
+        if (args.models and model not in args.models) or (args.modes and mode not in args.modes):
+            continue
+        if (args.tokens and tokens not in args.tokens) or (args.ranks and rank not in args.ranks):
+            continue
+        if args.adapters and adapters not in args.adapters:
+            continue
+        keep.append(point)
+    return keep
+
+
 def copy_bandwidth(device) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (1 GiB copies)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
@@ -262,32 +354,40 @@ def run(args) -> list[dict]:
         args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
         print("graph replay check:", args.graph_replay_check, flush=True)
     rows = []
-    for model, rank, adapters, tokens, mode, real_rank in grid(args):
+    for model, rank, adapters, tokens, mode, real_rank in selected(grid(args), args):
         shape = TINY if model == "tiny" else MODELS[model]
         case = Case(shape, rank, adapters, tokens, mode, dtype, device, real_rank=real_rank)
         row = dict(model=model, rank=rank, real_rank=real_rank, adapters=adapters, tokens=tokens, mode=mode,
                    dtype=str(dtype).replace("torch.", ""))
-        portable = time_call(layer(case.portable, case), device, min_seconds=args.seconds)
-        row["portable_ms"] = portable * 1e3
-        if not args.no_torch_native and (device.type == "cpu" or tokens <= 256):
-            native = time_call(layer(case.torch_native_fn(), case), device, min_seconds=args.seconds)
-            row["torch_native_ms"] = native * 1e3
-            row["speedup_vs_torch_native"] = native / portable
+        graphs = device.type == "cuda" and not args.no_graphs
+        if not args.no_portable:
+            portable = time_call(layer(case.portable, case), device, min_seconds=args.seconds)
+            row["portable_ms"] = portable * 1e3
+            if not args.no_torch_native and (device.type == "cpu" or tokens <= 256):
+                native = time_call(layer(case.torch_native_fn(), case), device, min_seconds=args.seconds)
+                row["torch_native_ms"] = native * 1e3
+                row["speedup_vs_torch_native"] = native / portable
         if triton_tiers_run(device):
             row.update(triton_tiers(case, device, args.seconds))
+            row.update(backend_tiers(case, device, args, graphs))
         if device.type == "cuda":
-            row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
-            row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
+            if graphs and not args.no_portable:
+                row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
+                row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
             from benchmarks import triton_peers
 
             for peer, fn in triton_peers.peers(case).items():
-                row[f"{peer}_ms"] = time_call(layer(fn, case), device, min_seconds=args.seconds) * 1e3
-                row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
-                row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
-            for layout in ("spaced", "packed"):
-                tier = f"intel_xpu_{layout}"
-                row[f"{tier}_graph_vs_best_peer"] = row[f"{tier}_graph_ms"] / min(row["triton_graph_ms"], row["csgmv_graph_ms"])
-                row[f"{tier}_vs_triton"] = row[f"{tier}_ms"] / row["triton_ms"]
+                measure(row, peer, layer(fn, case), device, args)
+                if graphs:
+                    row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
+                    if "portable_graph_ms" in row:
+                        row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
+            for tier in ("intel_xpu_spaced", "intel_xpu_packed", "intel_xpu_eager", "intel_xpu_chunked"):
+                if graphs and f"{tier}_graph_ms" in row:
+                    row[f"{tier}_graph_vs_best_peer"] = row[f"{tier}_graph_ms"] / min(row["triton_graph_ms"], row["csgmv_graph_ms"])
+                if f"{tier}_ms" in row:
+                    row[f"{tier}_vs_triton"] = row[f"{tier}_ms"] / row["triton_ms"]
+            row["intel_xpu_eager_vs_triton_backend"] = row["intel_xpu_eager_ms"] / row["triton_backend_ms"]
         rows.append(row)
         print(row, flush=True)
         with open(Path(args.out) / f"ops-{args.device}.partial.jsonl", "a") as partial:  # survives a timeout
@@ -310,6 +410,33 @@ def triton_tiers(case: Case, device: torch.device, seconds: float) -> dict:
         result[f"intel_xpu_{layout}_max_error"] = max(
             float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
         )
+    return result
+
+
+def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
+    """Times of whole backends through their ``run_*`` methods, best of ``args.repeats``:
+    ``intel_xpu_eager`` (``IntelXpuLoRABackend``, what a user of ``intel_xpu`` gets without native
+    kernels, every per-op step included), ``triton_backend`` (SGLang's ``TritonLoRABackend``), and
+    for decode batches of ``CHUNKED_MIN_TOKENS`` or more ``intel_xpu_chunked`` (``intel_xpu`` with
+    its chunked-SGMV kernels forced on, the evidence for its :class:`ChunkedDecodeRule`); on CUDA
+    also graph-captured (``*_graph_ms``). ``*_max_error``: as :func:`triton_tiers`."""
+    if device.type == "cpu":  # SGLang's batch preparation pins host memory: a no-op without an accelerator
+        from sglang_cpu_devsupport import pin_memory
+
+        pin_memory.register()
+    tiers = {"intel_xpu_eager": case.backend_fn("intel_xpu"), "triton_backend": case.backend_fn("triton")}
+    if case.mode == "decode" and case.tokens >= CHUNKED_MIN_TOKENS:
+        tiers["intel_xpu_chunked"] = case.backend_fn("intel_xpu", chunked_min_tokens=1)
+    result = {}
+    reference = {name: reference_output(case, name) for name in case.weights}
+    for tier, fn in tiers.items():
+        measure(result, tier, layer(fn, case), device, args)
+        if graphs and tier != "triton_backend":
+            result[f"{tier}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
+        if tier != "triton_backend":
+            result[f"{tier}_max_error"] = max(
+                float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
+            )
     return result
 
 
@@ -358,6 +485,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--quick", action="store_true", help="three points, for the smoke test")
     parser.add_argument("--seconds", type=float, default=0.3, help="minimum timing time per measurement")
     parser.add_argument("--no-torch-native", action="store_true")
+    parser.add_argument("--no-portable", action="store_true", help="skip the portable and torch_native tiers")
+    parser.add_argument("--no-graphs", action="store_true", help="eager timings only (on CUDA)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timings of the peers and the backend tiers per point: the best is reported, and the spread")
+    names = lambda s: s.split(",")  # noqa: E731
+    numbers = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    parser.add_argument("--models", type=names, help="comma-separated subset of the grid's models")
+    parser.add_argument("--modes", type=names, help="decode, prefill or both")
+    parser.add_argument("--tokens", type=numbers, help="comma-separated subset of the grid's token counts")
+    parser.add_argument("--ranks", type=numbers, help="comma-separated subset of max_lora_rank values")
+    parser.add_argument("--adapters", type=numbers, help="comma-separated subset of adapter counts")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot-only", type=Path, help="redraw the plot of an existing results JSON")
     args = parser.parse_args(argv)
@@ -370,11 +508,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     name = f"ops-{args.device}" + ("-quick" if args.quick else "")
     columns = ["model", "mode", "rank", "real_rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
     if any("intel_xpu_packed_ms" in row for row in rows):
-        columns += ["intel_xpu_packed_ms", "intel_xpu_spaced_ms", "intel_xpu_spaced_max_error"]
+        columns += ["intel_xpu_packed_ms", "intel_xpu_spaced_ms", "intel_xpu_spaced_max_error", "intel_xpu_eager_ms",
+                    "intel_xpu_eager_max_error", "intel_xpu_chunked_ms", "intel_xpu_chunked_max_error"]
     if args.device == "cuda":
         columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv",
                     "intel_xpu_packed_graph_vs_best_peer", "intel_xpu_spaced_graph_vs_best_peer", "intel_xpu_packed_vs_triton",
-                    "intel_xpu_spaced_vs_triton", "roofline_fraction"]
+                    "intel_xpu_spaced_vs_triton", "intel_xpu_eager_vs_triton", "intel_xpu_eager_spread", "triton_spread",
+                    "intel_xpu_eager_vs_triton_backend", "intel_xpu_chunked_vs_triton", "intel_xpu_eager_graph_vs_best_peer",
+                    "intel_xpu_chunked_graph_vs_best_peer", "roofline_fraction"]
     write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None)})
     plot(rows, Path(args.out) / f"{name}.png")
 

@@ -250,3 +250,19 @@ def test_the_sync_free_build_checks_values_on_the_device(emulate, op, change, me
         bound(**base)
         with pytest.raises(RuntimeError, match=message):
             bound(**{**base, **change})
+
+
+def test_eager_decode_rule_moves_the_host_syncing_permuted_ops_to_triton(emulate, as_on_xpu, monkeypatch):
+    """Off by default; on, eager decode (the permuted ops) runs SGLang's Triton kernels in place of
+    native ops that sync with the host, the other eager ops and the graph table unchanged."""
+    from sglang_xpu_lora.providers import selection
+
+    decode = set(selection.DECODE_OPS)
+    with emulate("full"):
+        default = providers.select_ops("xpu")
+        monkeypatch.setattr(selection, "EAGER_DECODE_PREFERS_TRITON", True)
+        ruled = providers.select_ops("xpu")
+    assert by_provider(default.choices) == groups(native=ALL)
+    assert by_provider(ruled.choices) == groups(native=ALL - decode, triton=decode)
+    assert all("syncs with the host" in ruled.choices[op].reason for op in decode)
+    assert ruled.graph_choices == default.graph_choices

@@ -36,8 +36,9 @@ def test_ops(tmp_path):
     for r in rows:
         assert math.isfinite(r["portable_ms"]) and math.isfinite(r["torch_native_ms"]), r
         assert math.isclose(r["speedup_vs_torch_native"], r["torch_native_ms"] / r["portable_ms"]), r
-    for tier in ("intel_xpu_packed", "intel_xpu_spaced"):
+    for tier in ("intel_xpu_packed", "intel_xpu_spaced", "intel_xpu_eager"):  # eager: the backend's run_* methods
         assert all(math.isfinite(r[f"{tier}_ms"]) and r[f"{tier}_max_error"] < 1e-5 for r in rows), tier
+    assert all(math.isfinite(r["triton_backend_ms"]) for r in rows)
     assert (tmp_path / "ops-cpu-quick.md").read_text().count("\n") >= 5
     assert (tmp_path / "ops-cpu-quick.png").stat().st_size > 1000
 
@@ -47,6 +48,20 @@ def test_host_overhead_adds_no_device_syncs(tmp_path):
     rows = json.loads((tmp_path / "host_overhead-cpu-quick.json").read_text())["rows"]
     assert [r["batch_size"] for r in rows] == [1, 16, 256]
     assert all(r["added_syncs"] == 0 and r["intel_xpu_syncs"] == 0 for r in rows)
+
+
+def test_sync_cost_counts_the_native_ops_host_reads(tmp_path):
+    """The stand-in makes the host reads the research notes list per sgl-kernel-xpu op (counted
+    through the aten ops behind them: 21 per module on the decode path), and reports their cost as
+    the difference of the two paths' timings."""
+    run_benchmark("sync_cost", tmp_path)
+    rows = json.loads((tmp_path / "sync-cost-cpu-quick.json").read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["syncs_per_step"] == r["reads_counted_per_step"] == 4 * 21 * r["layers"], r
+        assert math.isfinite(r["triton_ms"]) and math.isfinite(r["synced_ms"]), r
+        assert math.isclose(r["added_ms"], r["synced_ms"] - r["triton_ms"]), r
+        assert math.isclose(r["step_ratio"], r["synced_ms"] / r["triton_ms"]), r
 
 
 @pytest.mark.e2e

@@ -57,6 +57,7 @@ RECEIVERS = {
     "patches/validation.py": {"cfg": targets.SERVER_ARGS},
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
     "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
+    "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},
     "backend/outside_lora_math.py": {"m": MODEL},
     "adapters/tensor_checks.py": {
         "sglang_module_dims:base_model": MODEL,

@@ -20,6 +20,12 @@ What this backend does not compute: SGLang runs LoRA on MoE experts and the abso
 says; :meth:`IntelXpuLoRABackend.validate_lora_targets` names them when a model has them and
 refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.outside_lora_math`).
 
+Per-op work is prepared once per batch (:mod:`sglang_xpu_lora.backend.batch_routes`): each
+``run_*`` call looks up the :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` of its batch
+info (op table, index arguments, permutation slice, kernel batch info) and calls its op(s); for
+permuted batches on the Triton provider the route may run SGLang's chunked-SGMV kernels instead of
+its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
+
 Routing (``info = self._sgemm_info(...)``):
 
 * ``info.permutation is None`` (extend, TARGET_VERIFY, lm_head, contiguous segments): the prefill
@@ -45,9 +51,14 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
+from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule, ChunkedRouting, chunk_segments, max_chunks
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
 from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops, triton_ops
 from sglang_xpu_lora.providers.selection import triton_support
+from sglang_xpu_lora.providers.torch_routing.cache import capturing
+
+#: The permuted ops whose Triton implementation may run SGLang's chunked-SGMV kernels.
+PERMUTED_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +86,10 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     name = "intel_xpu"
     supports_dp_attention = False
+    #: When permuted (decode) batches on the Triton provider run SGLang's chunked-SGMV kernels
+    #: (:class:`~sglang_xpu_lora.backend.batch_routes.ChunkedDecodeRule`; off until the op
+    #: benchmark shows where they win, docs/performance.md).
+    chunked_decode_rule = ChunkedDecodeRule()
 
     def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
         super().__init__(max_loras_per_batch, device, **kwargs)
@@ -88,6 +103,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.needs_max_rank_spaced_layout = self.op_selection.needs_max_rank_spaced_layout
         self._padded_ranks: Optional[torch.Tensor] = None  # persistent: captured graphs read its address
         self._kernel_infos: dict = {}  # id(batch info) -> (batch info, its Triton-kernel copy)
+        self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
+        self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
+        self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
         #: plugin's pool hook (:mod:`sglang_xpu_lora.patches.mem_pool`); None until then.
         self.lora_memory_pool = None
@@ -160,6 +178,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._check_memory_pool()
         self._decide_graph_ops(max_bs_in_cuda_graph * num_tokens_per_req)
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
+        self._graph_chunks = None
+        if self._may_chunk(True, max_bs_in_cuda_graph * num_tokens_per_req):
+            count = max_chunks(max_bs_in_cuda_graph * num_tokens_per_req, self.max_loras_per_batch, self.chunked_decode_rule.chunk_size)
+            self._graph_chunks = (
+                torch.zeros(count + 1, dtype=torch.int32, device=self.device),
+                torch.zeros(count, dtype=torch.int32, device=self.device),
+            )
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
         """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
@@ -200,6 +225,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         )
         self._int32_lora_ranks()
         self._prepare_kernel_infos()
+        self._prepare_routes()
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
@@ -208,6 +234,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
         self._prepare_kernel_infos()
+        self._prepare_routes()
 
     def _batch_infos(self) -> list:
         """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
@@ -256,65 +283,63 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                     converted[key] = info.lora_ranks.to(torch.int32)
                 info.lora_ranks = converted[key]
 
-    def _index_args(self, info: LoRABatchInfo, scalings: bool = False) -> dict:
-        """The index arguments every op takes for the batch ``info`` (and ``scalings`` for the B
-        ops), plus ``batch_info`` as SGLang's Triton kernels need it (:meth:`kernel_batch_info`)."""
-        args = dict(
-            seg_indptr=info.seg_indptr,
-            weight_indices=info.weight_indices,
-            lora_ranks=info.lora_ranks,
-            batch_info=self.kernel_batch_info(info),
-        )
-        if scalings:
-            args["scalings"] = info.scalings
-        return args
+    # --- per-batch routes: what every op of the batch takes (backend/batch_routes.py) ----------
 
-    def _ops(self, info: LoRABatchInfo):
-        """The op table for this batch: capture-safe ops inside a graph."""
-        return self.op_selection.for_graph(info.use_cuda_graph)
+    def _prepare_routes(self) -> None:
+        """Once per batch: the :class:`BatchRoute` of each batch info (op table, index arguments,
+        kernel batch info, chunk routing), so the ``run_*`` calls only call their ops."""
+        self._routes = {}
+        for info in self._batch_infos():
+            self._routes[id(info)] = self._make_route(info)
 
-    # --- shrink / expand routing -------------------------------------------------------------
+    def _route(self, info: LoRABatchInfo) -> BatchRoute:
+        """The route prepared for ``info`` in this batch, or one built now for a view made later
+        (same slots, same ranks)."""
+        route = self._routes.get(id(info))
+        if route is None or route.info is not info:
+            route = self._routes[id(info)] = self._make_route(info)
+        return route
 
-    def _shrink(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int, info: LoRABatchInfo) -> torch.Tensor:
-        """(s, K) x (L, stack_num * R, K) -> (s, stack_num * R)."""
-        if info.permutation is None:
-            return self._ops(info).sgemm_lora_a_fwd(input_x=x, weights=weights, stack_num=stack_num, **self._index_args(info))
-        return self._ops(info).chunked_sgmv_lora_shrink_fwd(
-            input_x=x,
-            weights=weights,
-            stack_num=stack_num,
-            num_segments=info.num_segments,
-            permutation=info.permutation[: x.shape[0]],
-            **self._index_args(info),
-        )
+    def _make_route(self, info: LoRABatchInfo) -> BatchRoute:
+        kernel_info = self.kernel_batch_info(info)
+        chunked = None
+        if info.permutation is not None and (
+            self._graph_chunks is not None if info.use_cuda_graph else self._may_chunk(False, info.max_len)
+        ):
+            chunked = self._chunk_routing(info, kernel_info)
+        return BatchRoute(info, self.op_selection.for_graph(info.use_cuda_graph), kernel_info, chunked)
 
-    def _chunked_expand(
-        self,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        slice_offsets: torch.Tensor,
-        max_slice_size: int,
-        num_slices: int,
-        info: LoRABatchInfo,
-        base_output: Optional[torch.Tensor],
-    ) -> torch.Tensor:
-        permutation = None if info.permutation is None else info.permutation[: x.shape[0]]
-        return self._ops(info).chunked_sgmv_lora_expand_fwd(
-            input_x=x,
-            weights=weights,
-            slice_offsets=slice_offsets,
-            max_slice_size=max_slice_size,
-            num_slices=num_slices,
-            num_segments=info.num_segments,
-            permutation=permutation,
-            base_output=base_output,
-            **self._index_args(info, scalings=True),
-        )
+    def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
+        """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
+        applies to that many rows and the permuted ops of the table are Triton's."""
+        choices = self.op_selection.graph_choices if use_graph else self.op_selection.choices
+        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in PERMUTED_OPS)
 
-    @staticmethod
-    def _uniform_offsets(num_slices: int, slice_size: int, device: torch.device) -> torch.Tensor:
-        """``[0, n, 2n, ...]`` built on the device (a kernel, so graph-capture safe)."""
-        return torch.arange(num_slices + 1, dtype=torch.int32, device=device) * slice_size
+    def _chunk_routing(self, info: LoRABatchInfo, kernel_info: LoRABatchInfo) -> ChunkedRouting:
+        """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
+        chunks of its ``max_len`` tokens; in a decode graph (whenever graphs may chunk: SGLang
+        prepares the live batch, the graph replayed may have been captured at a larger size), into
+        the persistent buffers over their whole length, the chunks past the live ones empty."""
+        rule, num_slots = self.chunked_decode_rule, info.weight_indices.shape[0]
+        if info.use_cuda_graph:
+            indptr, slots = chunk_segments(
+                info.seg_indptr, info.weight_indices, rule.chunk_size, self._graph_chunks[1].shape[0], out=self._graph_chunks
+            )
+        else:
+            count = max_chunks(info.max_len, num_slots, rule.chunk_size)
+            indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
+        return ChunkedRouting(kernel_info, indptr, slots, num_slots, rule)
+
+    def _uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
+        """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and
+        kept (a captured graph reads its address). Built during a capture (never before in eager),
+        it is recorded in that graph and not kept, since its values exist only once the graph runs."""
+        offsets = self._slice_offsets.get((num_slices, slice_size))
+        if offsets is None:
+            offsets = torch.arange(num_slices + 1, dtype=torch.int32, device=self.device) * slice_size
+            if not capturing(offsets.device):
+                self._slice_offsets[(num_slices, slice_size)] = offsets
+        return offsets
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 
@@ -342,13 +367,14 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 max_len = info.max_len
             else:
                 max_len = self.prefill_cuda_graph_max_tokens
-        return self._ops(info).embedding_lora_a_fwd(
+        route = self._route(info)
+        return route.ops.embedding_lora_a_fwd(
             input_ids=input_ids,
             weights=weights,
             vocab_size=vocab_size,
             extra_embeddings=extra_embeddings,
             max_len=max_len,
-            **self._index_args(info),
+            **route.index,
         )
 
     def run_lora_a_sgemm(
@@ -361,7 +387,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         **kwargs,
     ) -> torch.Tensor:
         """Shrink. x: (s, K); weights: (L, stack_num * R, K) -> (s, stack_num * R), x's dtype."""
-        return self._shrink(x, weights, stack_num, self._sgemm_info(pruned_batch_info))
+        return self._route(self._sgemm_info(pruned_batch_info)).shrink(x, weights, stack_num)
 
     def run_lora_b_sgemm(
         self,
@@ -377,14 +403,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         ``output_offset`` / ``output_offset_cpu`` from the layers are not needed: one slice
         spans all ``N`` output columns.
         """
-        info = self._sgemm_info(pruned_batch_info)
-        if info.permutation is None:
-            return self._ops(info).sgemm_lora_b_fwd(
-                input_x=x, weights=weights, base_output=base_output, **self._index_args(info, scalings=True)
-            )
+        route = self._route(self._sgemm_info(pruned_batch_info))
+        if not route.permuted:
+            return route.ops.sgemm_lora_b_fwd(input_x=x, weights=weights, base_output=base_output, **route.b_index)
         out_dim = weights.shape[-2]
-        offsets = self._uniform_offsets(1, out_dim, x.device)
-        return self._chunked_expand(x, weights, offsets, out_dim, 1, info, base_output)
+        return route.chunked_expand(x, weights, self._uniform_offsets(1, out_dim), out_dim, 1, base_output)
 
     def run_qkv_lora(
         self,
@@ -404,20 +427,20 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         output_offset: (n_slices + 1,) device int32 band boundaries; max_qkv_out_dim: widest band.
         Returns (s, sum of bands).
         """
-        info = self._sgemm_info()
-        lora_a_output = self._shrink(x, qkv_lora_a, n_slices, info)
+        route = self._route(self._sgemm_info())
+        lora_a_output = route.shrink(x, qkv_lora_a, n_slices)
 
         def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
-            if info.permutation is None and n_slices == 3:
-                return self._ops(info).qkv_lora_b_fwd(
+            if not route.permuted and n_slices == 3:
+                return route.ops.qkv_lora_b_fwd(
                     input_x=lora_a_output,
                     qkv_lora_b=qkv_lora_b,
                     output_offset=output_offset,
                     max_qkv_out_dim=max_qkv_out_dim,
                     base_output=base,
-                    **self._index_args(info, scalings=True),
+                    **route.b_index,
                 )
-            return self._chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, info, base)
+            return route.chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, base)
 
         return _onto_leading_columns(base_output, qkv_lora_b.shape[-2], expand)
 
@@ -432,20 +455,20 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     ) -> torch.Tensor:
         """Fused gate/up with two equal bands. x: (s, K); A: (L, 2R, K); B: (L, 2N, R) -> (s, 2N)."""
         output_dim = gate_up_lora_b.shape[-2] // 2
-        info = self._sgemm_info()
-        lora_a_output = self._shrink(x, gate_up_lora_a, 2, info)
+        route = self._route(self._sgemm_info())
+        lora_a_output = route.shrink(x, gate_up_lora_a, 2)
 
         def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
-            if info.permutation is None:
-                return self._ops(info).gate_up_lora_b_fwd(
+            if not route.permuted:
+                return route.ops.gate_up_lora_b_fwd(
                     input_x=lora_a_output,
                     gate_up_lora_b=gate_up_lora_b,
                     output_dim=output_dim,
                     base_output=base,
-                    **self._index_args(info, scalings=True),
+                    **route.b_index,
                 )
-            offsets = self._uniform_offsets(2, output_dim, x.device)
-            return self._chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, info, base)
+            offsets = self._uniform_offsets(2, output_dim)
+            return route.chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, base)
 
         return _onto_leading_columns(base_output, gate_up_lora_b.shape[-2], expand)
 

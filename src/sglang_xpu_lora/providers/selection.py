@@ -212,6 +212,25 @@ def _pair_triton_shrinks(choices: dict) -> None:
                 )
 
 
+#: Eager decode: serve the permuted ops by SGLang's Triton kernels rather than native ops that
+#: synchronise with the host (not shown sync-free by a trial capture), where Triton runs. Off until the
+#: sync-cost measurement on an Intel GPU says the syncs lose (docs/performance.md, "Host syncs in
+#: eager decode"; benchmarks/sync_cost.py stands them in on CUDA).
+EAGER_DECODE_PREFERS_TRITON = False
+#: The permuted (decode) ops that rule covers.
+DECODE_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
+
+
+def _prefer_triton_for_eager_decode(choices: dict, triton_reason: str) -> None:
+    """Apply :data:`EAGER_DECODE_PREFERS_TRITON` to the eager choices (``auto`` only)."""
+    for op in DECODE_OPS:
+        choice = choices[op]
+        if choice.provider == "native" and choice.capture_safe is not True:
+            choices[op] = OpChoice(
+                op, "triton", f"native op syncs with the host, which costs more than Triton in eager decode; {triton_reason}", True
+            )
+
+
 def _graph_verdict(verdict: Optional[Verdict], graph_native: str) -> tuple[Optional[bool], str]:
     """Whether a native op runs inside graphs (None: not tried yet), and why."""
     if graph_native == "always":
@@ -278,6 +297,8 @@ def choose(device: Device = None, graph_verdicts: Optional[dict] = None) -> OpSe
             graph_choices[op] = OpChoice(op, "triton", f"native op not run inside graphs: {why}; {triton_reason}", True)
         else:
             graph_choices[op] = OpChoice(op, "torch", f"native op not run inside graphs: {why}; no Triton: {triton_reason}", True)
+    if EAGER_DECODE_PREFERS_TRITON and mode == "auto" and triton_runs:
+        _prefer_triton_for_eager_decode(choices, triton_reason)
     for chosen in (choices, graph_choices, optimistic):
         _pair_triton_shrinks(chosen)
     candidates = {op: c.kernel for op, c in optimistic.items() if c.provider == "native"}

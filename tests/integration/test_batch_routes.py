@@ -1,0 +1,178 @@
+"""Per-batch preparation of ``IntelXpuLoRABackend``'s op calls (``backend/batch_routes.py``) and
+the choice between SGLang's dense and chunked-SGMV Triton kernels for permuted (decode) batches.
+
+Both kernel branches, eager and with decode-graph batch infos (padded rows, stale routing left by a
+larger batch), are compared with the float64 per-row reference (tolerance 1e-5, float32; Triton in
+its interpreter, tests/conftest.py, on tiny shapes). The chunk routing itself is checked against a
+host loop."""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+import torch
+
+from lora_helpers import forward_batch, lora_reference, packed_lora_a, spaced_weights
+
+MAX_LORAS, RANK, HIDDEN = 3, 4, 16
+RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
+#: (module, band widths): q/k/v, equal gate/up, one slice.
+MODULES = (("qkv", (8, 4, 4)), ("gate_up", (6, 6)), ("o", (10,)))
+
+
+def chunks_by_hand(lens, chunk_size):
+    """(start, end, slot) of each chunk: tokens sorted by slot, each slot cut into chunk_size pieces."""
+    out, start = [], 0
+    for slot, n in enumerate(lens):
+        for offset in range(0, n, chunk_size):
+            out.append((start + offset, start + min(offset + chunk_size, n), slot))
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunk_segments_match_a_host_loop_and_pad_with_empty_chunks(seed):
+    from sglang_xpu_lora.backend.batch_routes import chunk_segments, max_chunks
+
+    rng = random.Random(seed)
+    lens = [rng.choice([0, 1, 3, 4, 5, 9]) for _ in range(5)]
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    count = max_chunks(sum(lens), len(lens), 4) + 2  # more than needed: the rest must be empty
+    chunk_indptr, slots = chunk_segments(indptr, torch.arange(len(lens), dtype=torch.int32), 4, count)
+    expected = chunks_by_hand(lens, 4)
+    assert len(expected) <= max_chunks(sum(lens), len(lens), 4)
+    got = [(int(chunk_indptr[j]), int(chunk_indptr[j + 1]), int(slots[j])) for j in range(count)]
+    assert got[: len(expected)] == expected
+    assert all(start == end == sum(lens) for start, end, _ in got[len(expected):])
+    assert chunk_indptr.dtype == slots.dtype == torch.int32
+
+
+def test_chunked_decode_rule_checks_its_values():
+    from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
+
+    assert not ChunkedDecodeRule().applies(10**6)
+    assert ChunkedDecodeRule(min_tokens=8).applies(8) and not ChunkedDecodeRule(min_tokens=8).applies(7)
+    with pytest.raises(ValueError, match="chunk_size"):
+        ChunkedDecodeRule(chunk_size=8)
+    with pytest.raises(ValueError, match="min_tokens"):
+        ChunkedDecodeRule(min_tokens=0)
+
+
+@pytest.fixture
+def triton_backend(monkeypatch, sglang_plugins_loaded):
+    """Triton for every op (SGLang's packed pool, real ranks), with a chunked-kernel rule."""
+    from sglang.kernels.ops.lora.dense import lora_tuning_config
+
+    from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
+    # the chunked kernels look up tuned block sizes by GPU name: none on CPU (the defaults apply)
+    monkeypatch.setattr(lora_tuning_config, "get_device_name", lambda: "cpu")
+
+    def make(min_tokens):
+        backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+        backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=RANK)
+        backend.chunked_decode_rule = ChunkedDecodeRule(min_tokens=min_tokens, chunk_size=16)
+        return backend
+
+    return make
+
+
+def run_modules(backend, x, seed=0):
+    """Each module through the backend's run_* method, with its float64 reference."""
+    outputs = []
+    for k, (module, bands) in enumerate(MODULES):
+        a, b = spaced_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)
+        packed = packed_lora_a(a, RANKS, len(bands), RANK)
+        if module == "qkv":
+            offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
+            out = backend.run_qkv_lora(x=x, qkv_lora_a=packed, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8)
+        elif module == "gate_up":
+            out = backend.run_gate_up_lora(x=x, gate_up_lora_a=packed, gate_up_lora_b=b)
+        else:
+            out = backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, packed), weights=b)
+        outputs.append((out, a, b, bands))
+    return outputs
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts of SGLang's chunked and dense Triton kernels called through the provider."""
+    from sglang_xpu_lora.providers import triton_ops
+
+    kernels, calls = triton_ops._kernels(), {}
+    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b", "chunked_sgmv_shrink", "chunked_sgmv_expand"):
+        def counted(*args, _name=name, _fn=getattr(kernels, name), **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, counted)
+    return calls
+
+
+DENSE = {"sgemm_lora_a": 3, "qkv_lora_b": 1, "gate_up_lora_b": 1, "sgemm_lora_b": 1}
+CHUNKED = {"chunked_sgmv_shrink": 3, "chunked_sgmv_expand": 3}
+
+
+@pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (20, CHUNKED), (21, DENSE)], ids=["off", "at-threshold", "below"])
+def test_eager_decode_both_kernel_branches_are_exact(triton_backend, kernel_calls, min_tokens, kernels):
+    """20 decode tokens over 3 slots, 16-token chunks: a slot holds more than one chunk."""
+    backend = triton_backend(min_tokens)
+    slots = [1] * 17 + [2, 0, 2]
+    random.Random(0).shuffle(slots)
+    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+    x = torch.randn(len(slots), HIDDEN)
+    kernel_calls.clear()
+    for out, a, b, bands in run_modules(backend, x):
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANK), rtol=1e-5, atol=1e-5)
+    assert kernel_calls == kernels
+
+
+@pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (16, CHUNKED)], ids=["dense", "chunked"])
+def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend, kernel_calls, min_tokens, kernels):
+    """Decode-graph batch infos: the chunk routing lives in persistent buffers sized for the
+    largest graph; a smaller live batch replayed at a larger captured size (padded rows) must not
+    read chunks a larger earlier batch left there, and the padding rows get no LoRA."""
+    backend = triton_backend(min_tokens)
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=48, num_tokens_per_req=1)
+    assert (backend._graph_chunks is None) == (min_tokens is None)
+    first = [1] * 20 + [2] * 28  # chunks [0, 16), [16, 20) of slot 1, [20, 36), [36, 48) of slot 2
+    backend.prepare_lora_batch(forward_batch("DECODE", len(first)), first, RANKS, SCALINGS, True)
+    run_modules(backend, torch.randn(len(first), HIDDEN))
+    buffers = backend._graph_chunks
+    live = [2, 1, 1, 2, 1]  # two chunks: the ones the first batch left in the buffers must not run
+    backend.prepare_lora_batch(forward_batch("DECODE", len(live)), live, RANKS, SCALINGS, True)
+    assert backend._graph_chunks is buffers  # the addresses a captured graph reads
+    x = torch.randn(24, HIDDEN)  # the 5 live rows, run at a captured size of 24
+    kernel_calls.clear()
+    for out, a, b, bands in run_modules(backend, x, seed=3):
+        torch.testing.assert_close(out[:5].double(), lora_reference(x[:5], a, b, bands, live, SCALINGS, RANK), rtol=1e-5, atol=1e-5)
+        assert torch.count_nonzero(out[5:]) == 0
+    assert kernel_calls == kernels
+
+
+def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backend, monkeypatch):
+    """A layer's run_* calls reuse the batch's prepared routes and the persistent slice offsets;
+    offsets first built while a graph is being captured are not kept (their values exist only
+    once that graph runs)."""
+    from sglang_xpu_lora.backend import xpu
+
+    backend = triton_backend(None)
+    built = []
+    make_route = backend._make_route
+    monkeypatch.setattr(backend, "_make_route", lambda info: built.append(info) or make_route(info))
+    slots = [1, 2, 1, 0]
+    for _ in range(2):
+        backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+        prepared = len(built)
+        for _ in range(3):  # three layers
+            run_modules(backend, torch.randn(len(slots), HIDDEN))
+        assert len(built) == prepared  # nothing built per op
+    offsets = backend._uniform_offsets(2, 6)
+    assert offsets.tolist() == [0, 6, 12] and backend._uniform_offsets(2, 6) is offsets
+    monkeypatch.setattr(xpu, "capturing", lambda device: True)
+    in_capture = backend._uniform_offsets(2, 7)
+    assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend._slice_offsets
