@@ -7,7 +7,9 @@ graphs on an H200 (shared/research findings-2026-12.md section 2):
 * a host read of tensor values while capturing (``.item()``, ``.tolist()``, ``.cpu()``, ``bool()``,
   ...) raises "operation not permitted when stream is capturing" and invalidates the capture:
   ending it raises a second error, and the pool it recorded into refuses every later capture;
-* capturing on the stream that was current before (the stand-in for the default stream) is refused.
+* capturing on the stream that was current before (the stand-in for the default stream) is refused;
+* a pool whose graph was released (reset, or garbage-collected) cannot be captured into again
+  (CUDA's caching allocator asserts ``use_count > 0``).
 
 Everything the probe does with it is recorded for assertions: pools made and captured into,
 streams made and made current, captures begun and ended.
@@ -46,7 +48,15 @@ class _Recorder(TorchDispatchMode):
 
 class FakeGraph:
     def __init__(self, graphs: "FakeGraphs"):
-        self.graphs, self.ops, self.failed, self._saved, self._mode = graphs, [], None, {}, None
+        self.graphs, self.ops, self.failed, self._saved, self._mode, self.pool = graphs, [], None, {}, None, None
+
+    def reset(self) -> None:
+        if self.pool is not None:
+            self.graphs.released_pools.add(self.pool)
+        self.ops, self.pool = [], None
+
+    def __del__(self):
+        self.reset()
 
     def capture_begin(self, pool=None) -> None:
         graphs = self.graphs
@@ -54,6 +64,9 @@ class FakeGraph:
             raise RuntimeError("CUDA graphs must be captured on a non-default stream")
         if pool in graphs.broken_pools:
             raise RuntimeError(f"beginAllocateToPool: already recording to mempool_id {pool}")
+        if pool in graphs.released_pools:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (a released pool)")
+        self.pool = pool
         graphs.captures.append({"pool": pool, "stream": graphs.current, "ended": False})
         graphs.capturing = self
         for name in HOST_READS:
@@ -100,7 +113,7 @@ class FakeGraphs:
     def __init__(self):
         self.default_stream = FakeStream("current at start")
         self.current = self.default_stream
-        self.streams, self.pools, self.captures, self.broken_pools = [], [], [], set()
+        self.streams, self.pools, self.captures, self.broken_pools, self.released_pools = [], [], [], set(), set()
         self.capturing = None
 
     def new_graph(self) -> FakeGraph:

@@ -83,15 +83,17 @@ def test_every_trial_ends_its_capture_restores_the_stream_and_uses_one_side_stre
     probe = CaptureProbe(graphs)
     start, host_reads = graphs.current, {name: torch.Tensor.__dict__.get(name) for name in HOST_READS}
     probe_build(emulate, "full", graphs, probe=probe)  # every capture fails
-    probe_build(emulate, "full-syncfree", graphs, case=ProbeCase(CASE.device, 8, 3, 4, torch.float32), probe=probe)
+    _, synced_free, _ = probe_build(emulate, "full-syncfree", graphs, case=ProbeCase(CASE.device, 8, 3, 4, torch.float32), probe=probe)
     assert graphs.current is start and graphs.capturing is None
     assert len(graphs.captures) == 2 * len(OP_NAMES) and all(c["ended"] for c in graphs.captures)
     assert graphs.streams == [graphs.captures[0]["stream"]] and {c["stream"] for c in graphs.captures} == set(graphs.streams)
     pools = [c["pool"] for c in graphs.captures]
     assert shared not in pools and set(pools) <= set(graphs.pools)
-    # A pool a failed capture recorded into refuses later captures: each failure takes a fresh one,
-    # so the sync-free trials after the failures all capture.
-    assert len(set(pools[: len(OP_NAMES)])) == len(OP_NAMES) and not set(pools[len(OP_NAMES):]) & graphs.broken_pools
+    # A pool a failed capture recorded into refuses later captures, and one whose graph was released
+    # cannot be captured into again: every trial takes a fresh pool and releases it, so the
+    # sync-free trials after the failures, and after each other, all capture.
+    assert len(set(pools)) == len(pools) and set(pools) <= graphs.released_pools
+    assert all(probe_verdict.capture_safe for probe_verdict in synced_free.values())
     assert {name: torch.Tensor.__dict__.get(name) for name in HOST_READS} == host_reads  # capture mode left
 
 

@@ -11,8 +11,9 @@ verdicts (:func:`.selection.choose`). One trial per op (:meth:`CaptureProbe.try_
 1. build two batches of the same shapes (``tokens``, ``slots``, ``max_rank`` and dtype of the graph
    set-up, :class:`ProbeCase`) with different routing, ranks, scalings and values;
 2. run the op eagerly on the second batch: the reference;
-3. capture the op on the first batch into a **private** memory pool, on **one side stream** reused
-   for every trial (never SGLang's shared graph pool, never the current stream);
+3. capture the op on the first batch into a **private** memory pool of its own (a fresh one per
+   trial, released with the trial graph), on **one side stream** reused for every trial (never
+   SGLang's shared graph pool, never the current stream);
 4. copy the second batch into the captured inputs in place (as SGLang's graph runner refreshes its
    batch buffers), poison the captured output with NaN, replay, and compare with the reference
    (tolerance :data:`TOLERANCE` of the dtype, relative to the reference's magnitude).
@@ -25,7 +26,9 @@ falls back to SGLang's Triton kernels, else the portable ops.
 Measured facts the trial relies on (CUDA graphs on an H200, findings-2026-12.md section 2): a host
 sync under capture raises and invalidates the whole capture, so the trial must precede SGLang's own
 capture; after a failed capture the process stays usable, but the pool it recorded into refuses
-every later capture (a fresh pool is taken after a failure) and ``torch.cuda.graph``'s exit leaves
+every later capture, and a pool whose graph was released cannot be captured into again (on the
+H200: "it->second->use_count > 0 INTERNAL ASSERT FAILED" in ``CUDACachingAllocator``), so every
+trial takes a fresh pool; ``torch.cuda.graph``'s exit leaves
 its side stream current, so the capture is begun and ended here by hand, always ended, and the
 current stream always restored (``try``/``finally``). Cost: about 0.3-0.6 ms per op (the first
 trial in a process a few ms), about 2 MiB left reserved per failing trial.
@@ -235,8 +238,8 @@ def merge(verdicts: dict[str, Verdict], new: dict[str, Verdict]) -> dict[str, Ve
 
 
 class CaptureProbe:
-    """Trial captures of native ops, with their per-process state: one side stream, a private
-    memory pool (replaced after a failed trial) and the verdicts per (op, kernel, case).
+    """Trial captures of native ops, with their per-process state: one side stream and the
+    verdicts per (op, kernel, case); each trial captures into a private pool of its own.
 
     Args:
         graphs: the graph API to drive; by default the device's (:func:`device_graphs`).
@@ -245,7 +248,6 @@ class CaptureProbe:
     def __init__(self, graphs: Optional[DeviceGraphs] = None):
         self._graphs = graphs
         self._stream = None
-        self._pool = None
         self._verdicts: dict[tuple, Verdict] = {}
 
     def _graph_api(self, device: torch.device) -> tuple[Optional[DeviceGraphs], str]:
@@ -296,18 +298,23 @@ class CaptureProbe:
             expected = call(**replayed)
         except Exception as exc:  # noqa: BLE001 - whatever the op raises is the verdict
             return False, f"the eager trial call failed ({_error(exc)})"
-        if self._pool is None:
-            self._pool = graphs.new_pool()
         graph = graphs.new_graph()
         try:
-            graph.capture_begin(pool=self._pool)
+            return self._capture_into_fresh_pool(graphs, graph, call, where, captured, replayed, expected, case)
+        finally:
+            _release(graph)
+
+    @staticmethod
+    def _capture_into_fresh_pool(graphs: DeviceGraphs, graph, call, where: str, captured: dict, replayed: dict,
+                                 expected: torch.Tensor, case: ProbeCase) -> tuple[bool, str]:
+        try:
+            graph.capture_begin(pool=graphs.new_pool())
         except Exception as exc:  # noqa: BLE001 - no trial, no native op in graphs
-            self._pool = None
             return False, f"could not begin {where} ({_error(exc)})"
         try:
             output = call(**captured)
         except Exception as exc:  # noqa: BLE001
-            self._end_failed_capture(graph)
+            _end_failed_capture(graph)
             return False, f"capture failed in {where} ({_error(exc)})"
         try:
             graph.capture_end()
@@ -318,7 +325,6 @@ class CaptureProbe:
             graph.replay()
             graphs.synchronize(case.device)
         except Exception as exc:  # noqa: BLE001 - e.g. an error raised at capture end or at replay
-            self._pool = None
             return False, f"capture or replay failed in {where} ({_error(exc)})"
         difference = (output.float() - expected.float()).abs().max().item()
         scale = max(1.0, expected.float().abs().max().item())
@@ -326,11 +332,20 @@ class CaptureProbe:
             return False, f"replay in {where} differs from eager (largest difference {difference:.3g})"
         return True, f"captured in {where} and replayed equal to eager"
 
-    def _end_failed_capture(self, graph) -> None:
-        """End a capture the op broke. Ending it raises a second, chained error (the first one is
-        the verdict); the pool it recorded into refuses later captures, so a fresh one is taken."""
-        try:
-            graph.capture_end()
-        except Exception:  # noqa: BLE001 - "operation failed due to a previous error during capture"
-            pass
-        self._pool = None
+
+def _end_failed_capture(graph) -> None:
+    """End a capture the op broke. Ending it raises a second, chained error (the first one is the
+    verdict); the pool it recorded into refuses later captures and is released with the graph."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - "operation failed due to a previous error during capture"
+        pass
+
+
+def _release(graph) -> None:
+    """Free a trial graph and its private pool now rather than at garbage collection (the next
+    trial takes a new pool, so nothing captures into this one again)."""
+    try:
+        graph.reset()
+    except Exception:  # noqa: BLE001 - a graph that never captured has nothing to free
+        pass
