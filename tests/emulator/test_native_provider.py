@@ -58,7 +58,7 @@ def test_auto_on_cpu_uses_native_for_the_ops_the_build_has_and_torch_for_the_oth
         # Native ops run inside graphs only where the build declares them capture-safe.
         graph_native = by_provider(selection.graph_choices).get("native", set())
         assert graph_native == DECLARED_CAPTURE_SAFE.get(build, set())
-        assert selection.needs_max_rank_spaced_layout
+        assert selection.needs_zeroed_slots
         assert providers.runs_on_device("cpu")
 
 
@@ -71,7 +71,7 @@ def test_auto_on_an_xpu_uses_native_then_triton_and_capture_safe_native_then_tri
     safe = DECLARED_CAPTURE_SAFE.get(build, set())
     assert by_provider(selection.graph_choices) == groups(native=safe, triton=ALL - safe)
     assert all("not declared capture-safe" in selection.graph_choices[op].reason for op in has - safe)
-    assert selection.needs_max_rank_spaced_layout and selection.uses_triton
+    assert selection.needs_zeroed_slots and selection.uses_triton
 
 
 def test_native_capture_safety_is_unknown_unless_the_build_declares_it(emulate, as_on_xpu, monkeypatch):
@@ -89,7 +89,7 @@ def test_triton_mode_ignores_the_native_build(emulate, as_on_xpu):
     with emulate("full", kernels="triton"):
         selection = providers.choose("xpu")
     assert by_provider(selection.choices) == by_provider(selection.graph_choices) == {"triton": ALL}
-    assert not selection.needs_max_rank_spaced_layout
+    assert not selection.needs_zeroed_slots
 
 
 def test_older_shrink_name_and_embedding_without_max_len_are_detected(emulate):
@@ -203,16 +203,17 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
 
 def provider_table(emulate, device: str) -> str:
     """Markdown: for each op, the provider outside / inside graphs under ``auto``, per emulated build
-    (``none``: no LoRA ops in the installed sgl_kernel), and the pool layout that follows."""
+    (``none``: no LoRA ops in the installed sgl_kernel), and whether pool slots are zeroed before each
+    load (the pool is SGLang's packed layout in every case)."""
     builds = ["none", *EXPECTED_NATIVE]
     columns = {}
     for build in builds:
         with emulate(build) if build != "none" else contextlib.nullcontext():
             selection = providers.choose(device)
         columns[build] = {op: f"{selection.choices[op].provider} / {selection.graph_choices[op].provider}" for op in OP_NAMES}
-        columns[build]["LoRA pool layout"] = "spaced" if selection.needs_max_rank_spaced_layout else "packed"
+        columns[build]["Pool slots zeroed before each load"] = "yes" if selection.needs_zeroed_slots else "no"
     lines = ["| op | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
-    for row in (*OP_NAMES, "LoRA pool layout"):
+    for row in (*OP_NAMES, "Pool slots zeroed before each load"):
         name = f"`{row}`" if row in OP_NAMES else row
         lines.append(f"| {name} | " + " | ".join(columns[b][row] for b in builds) + " |")
     return "\n".join(lines)
