@@ -2,8 +2,9 @@
 
 Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
 provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why,
-the LoRA pool layout (and whether its slots are zeroed before each load), the ``sglang.lora_backends`` plugins and their distributions, and
-whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1
+the LoRA pool layout (and whether its slots are zeroed before each load), the
+``sglang.lora_backends`` plugins and their distributions, and whether every SGLang patch point was
+found. Exit status 0 when the configuration can serve, 1
 otherwise. ``--json`` prints the same report as one JSON object. Without torch or SGLang it says
 what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the plugin
 version.

@@ -18,8 +18,8 @@ The GEMM ops need zero rank tails (A rows from ``stack_num * r`` and B columns f
 slot's ``lora_ranks`` entry: the pool's contract): the device routing contracts over the full
 ``max_rank``, as the XPU kernels do, the host routing over each slot's rank. Stacked A is SGLang's
 packed layout and a shrink's output is packed the same way; the multi-slice B ops read slice ``p``
-of their input at columns ``p * max_rank``, as the XPU kernels do (:mod:`.base`). A row reads only its own slot's weights,
-whatever the other slots hold (NaN and Inf included).
+of their input at columns ``p * max_rank``, as the XPU kernels do (:mod:`.base`). A row reads only
+its own slot's weights, whatever the other slots hold (NaN and Inf included).
 
 Raises ``ValueError`` for shape mismatches that can be checked without reading index tensors.
 Index contents (slot ids, offsets) are trusted, as in a kernel.
@@ -242,7 +242,8 @@ def qkv_lora_b_fwd(
     """Segmented expand for fused q/k/v: band p of the output uses column band p of input_x.
 
     Args:
-        input_x: (T, 3 * max_rank), slice p at columns p * max_rank. qkv_lora_b: (L, N_q + 2 * N_kv, max_rank).
+        input_x: (T, 3 * max_rank), slice p at columns p * max_rank.
+        qkv_lora_b: (L, N_q + 2 * N_kv, max_rank).
         output_offset: (4,) int tensor ``[0, N_q, N_q + N_kv, N_q + 2 * N_kv]`` on the device; read
             on the device only. max_qkv_out_dim: the widest band (trusted, as by the kernel).
     Returns:
@@ -271,7 +272,8 @@ def gate_up_lora_b_fwd(
     """Segmented expand for fused gate/up: two equal bands of width ``output_dim``.
 
     Args:
-        input_x: (T, 2 * max_rank), slice p at columns p * max_rank. gate_up_lora_b: (L, 2 * output_dim, max_rank).
+        input_x: (T, 2 * max_rank), slice p at columns p * max_rank.
+        gate_up_lora_b: (L, 2 * output_dim, max_rank).
     Returns:
         A new (T, 2 * output_dim) tensor in input_x's dtype.
     Source: sgl-kernel-xpu ``gate_up_lora_b_fwd`` (``src/sycl/GateUpLoraBFwd.cpp``).

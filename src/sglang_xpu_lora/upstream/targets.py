@@ -178,7 +178,7 @@ REQUIRED_ATTRIBUTES = {
     HOOK_REGISTRY: ("register",),
     HOOK_TYPE: ("AROUND", "AFTER", "BEFORE"),
     LORA_MANAGER: ("base_model", "lora_backend", "memory_pool", "configs", "loras"),
-    LORA_MEMORY_POOL: ("_clear_buffer_slot_for_base",),
+    LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
     LORA_ADAPTER: ("config", "base_model", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules"),
