@@ -124,13 +124,13 @@ class TritonOps:
     what the kernel writes."""
 
     def __getattr__(self, op):
-        from test_triton_ops import kernel_batch_info
+        from test_triton_ops import sglang_batch_info
 
         from sglang_xpu_lora.providers import triton_ops
         from sglang_xpu_lora.providers.torch_routing.device import row_slots
 
         def call(**kwargs):
-            info = kernel_batch_info(
+            info = sglang_batch_info(
                 kwargs["seg_indptr"], kwargs["weight_indices"], kwargs["lora_ranks"],
                 kwargs.get("scalings", torch.ones(SLOTS)), kwargs.get("permutation"),
             )

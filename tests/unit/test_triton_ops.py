@@ -48,14 +48,14 @@ def interpreter():
     assert triton.knobs.runtime.interpret, "TRITON_INTERPRET=1 must be set before SGLang's kernels are imported"
 
 
-def kernel_batch_info(seg_indptr, weight_indices, kernel_ranks, scalings, permutation):
+def sglang_batch_info(seg_indptr, weight_indices, lora_ranks, scalings, permutation):
     """The batch info SGLang's Triton backend builds (``bs`` segments, ``max_len`` the longest)."""
     from sglang.srt.lora.utils import LoRABatchInfo
 
     seg_lens = seg_indptr[1:] - seg_indptr[:-1]
     return LoRABatchInfo(
         use_cuda_graph=False, bs=len(weight_indices), num_segments=len(weight_indices), seg_indptr=seg_indptr,
-        weight_indices=weight_indices, lora_ranks=kernel_ranks, scalings=scalings,
+        weight_indices=weight_indices, lora_ranks=lora_ranks, scalings=scalings,
         max_len=max(1, int(seg_lens.max())), seg_lens=seg_lens, permutation=permutation,
     )
 
@@ -91,7 +91,7 @@ def setup(seed, dtype, bands, tails, permuted):
     x = torch.randn(num_rows, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(dtype)
     base = torch.randn(num_rows, sum(bands), generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     meta = dict(seg_indptr=seg_indptr, weight_indices=weight_indices, lora_ranks=real)
-    info = kernel_batch_info(seg_indptr, weight_indices, real, scalings, permutation)
+    info = sglang_batch_info(seg_indptr, weight_indices, real, scalings, permutation)
     offsets = torch.tensor([0, *itertools.accumulate(bands)], dtype=torch.int32)
     expected = ref_expand(
         ref_shrink(x, a_blocks, seg_indptr, weight_indices, permutation), b_reference, offsets.tolist(), scalings,
@@ -163,7 +163,7 @@ def test_embedding_lora_a(tails, dtype):
     if tails == "zeroed":
         weights = reference_weights  # the pool patch zeroes the slot before a load
     ids = torch.tensor([rng.randrange(vocab) for _ in range(num_rows)])
-    info = kernel_batch_info(seg_indptr, weight_indices, real, torch.ones(NUM_SLOTS), None)
+    info = sglang_batch_info(seg_indptr, weight_indices, real, torch.ones(NUM_SLOTS), None)
     out = triton_ops.embedding_lora_a_fwd(
         input_ids=ids, weights=weights, vocab_size=vocab, seg_indptr=seg_indptr, weight_indices=weight_indices,
         lora_ranks=real, batch_info=info,
