@@ -1,16 +1,27 @@
 """Op-level benchmark: one decoder layer's LoRA work (qkv, o, gate_up, down), per module and whole,
 for ``intel_xpu``'s providers against peers measured in the same run.
 
-``intel_xpu`` tiers: the portable provider (``portable``), and the Triton provider as ``auto``
-picks it on a device without native kernels, called as ``IntelXpuLoRABackend`` routes a layer, on
-both pool layouts it can have: ``intel_xpu_packed`` (every op Triton: SGLang's packed pool, real
-ranks) and ``intel_xpu_spaced`` (the max-rank-spaced pool that native ops force, ranks padded to
-``max_lora_rank``; the padding itself is once per batch, not per layer, and not timed). Peers:
-SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment and
+Every path reads one pool: SGLang's packed layout (stacked LoRA-A slice ``p`` at row ``p * r``),
+zero tails (the plugin's pool patch), real ranks. ``intel_xpu`` tiers, each called as
+``IntelXpuLoRABackend`` routes a layer (a shrink's slices moved to ``p * max_lora_rank`` by one
+gather before a native or portable multi-slice expand, :mod:`sglang_xpu_lora.providers.slice_layout`;
+its index, built once per batch by the backend, is built once per point here and not timed):
+
+* ``portable``: the portable provider for every op;
+* ``intel_xpu``: the op tables ``SGLANG_XPU_LORA_KERNELS`` (default ``auto``) selects on the device
+  (:func:`sglang_xpu_lora.providers.choose`), the eager table timed eagerly and the graph table in
+  a CUDA graph. Without native ops on the device that is SGLang's Triton kernels in both modes.
+  ``--emulated-build`` installs an emulated sgl-kernel-xpu build first: the configuration a real
+  Intel box gets (native ops present, outside graphs; inside graphs the ops the selection keeps,
+  Triton for those that are not capture-safe). Its native ops run only where the emulator has
+  kernels for the device; ``intel_xpu_providers`` in the JSON says what each op ran on, and eager
+  times of emulated native ops measure the emulator, not a kernel.
+
+Peers: SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment and
 slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA GPU also SGLang's Triton
 dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops (the
-``csgmv`` backend), on SGLang's packed pool. On a GPU every path is also captured in a CUDA graph.
-Points with ``real_rank < rank`` have adapters below ``max_lora_rank``.
+``csgmv`` backend). On a GPU every path is also captured in a CUDA graph. Points with
+``real_rank < rank`` have adapters below ``max_lora_rank``.
 
 Decode batches give each request (one token) a random adapter and route them as SGLang's Triton
 backend does for decode (tokens sorted by slot, chunked SGMV with a permutation); prefill batches are
@@ -19,13 +30,17 @@ backend does for decode (tokens sorted by slot, chunked SGMV with a permutation)
     python -m benchmarks.ops                  # CPU, default grid (minutes)
     python -m benchmarks.ops --quick          # a few seconds: the smoke test
     python -m benchmarks.ops --device cuda    # GPU, with Triton tiers, peers and CUDA graphs
+    python -m benchmarks.ops --device cuda --emulated-build full --points below-max-rank
+                                              # intel_xpu as on an Intel box, adapters below max rank
 
-On CPU the Triton tiers run only under ``TRITON_INTERPRET=1`` (Triton's interpreter), and ``--quick``
-then uses a tiny layer shape: a smoke test, not a measurement.
+On CPU the ``intel_xpu`` tier runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, with
+``SGLANG_XPU_LORA_KERNELS=triton``: ``auto`` never picks the interpreter), and ``--quick`` then uses a
+tiny layer shape: a smoke test, not a measurement.
 
 Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ``speedup_vs_torch_native`` is torch_native
 time / portable time, ``graph_ratio_vs_*`` a path's graph time / the peer's graph time, and
-``intel_xpu_*_vs_best_peer`` the tier's time / the faster of ``triton`` and ``csgmv`` (graph and eager).
+``intel_xpu_graph_vs_best_peer`` the tier's graph time / the faster of ``triton`` and ``csgmv``,
+``intel_xpu_vs_triton`` its eager time / ``triton``'s.
 """
 
 from __future__ import annotations
@@ -43,7 +58,7 @@ from typing import Callable, Optional
 import torch
 
 from benchmarks.common import MODELS, RESULTS, ModelShape, time_call, write
-from sglang_xpu_lora.providers import torch_ops
+from sglang_xpu_lora.providers import slice_layout, torch_ops
 
 MAX_LORAS = 8
 #: Decode batches from which the chunked-SGMV kernels are also timed (intel_xpu_chunked).
@@ -62,17 +77,13 @@ class Case:
         gen = torch.Generator(device="cpu").manual_seed(seed)
         self.model, self.rank, self.tokens, self.mode, self.device = model, rank, tokens, mode, device
         self.real_rank = real = real_rank or rank
-        self.weights, self.packed_weights = {}, {}  # max-rank-spaced pool (zero tails), SGLang's packed pool
+        self.weights = {}  # SGLang's packed pool, zero tails (the plugin's pool patch)
         for name, (in_dim, outs) in model.modules().items():
             a = torch.zeros(MAX_LORAS, len(outs) * rank, in_dim)
-            packed_a = torch.zeros_like(a)
-            for p in range(len(outs)):
-                a[:, p * rank : p * rank + real] = torch.randn(MAX_LORAS, real, in_dim, generator=gen) * 0.02
-                packed_a[:, p * real : (p + 1) * real] = a[:, p * rank : p * rank + real]
+            a[:, : len(outs) * real] = torch.randn(MAX_LORAS, len(outs) * real, in_dim, generator=gen) * 0.02
             b = torch.zeros(MAX_LORAS, sum(outs), rank)
             b[:, :, :real] = torch.randn(MAX_LORAS, sum(outs), real, generator=gen) * 0.02
             self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
-            self.packed_weights[name] = (packed_a.to(device, dtype), self.weights[name][1], outs)
         self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
         if mode == "decode":
             request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
@@ -83,7 +94,9 @@ class Case:
             request_lens = [tokens // n] * n
         self.request_slots, self.request_lens = request_slots, request_lens
         self.ranks = torch.full((MAX_LORAS,), real, dtype=torch.int32, device=device)
-        self.scalings = torch.full((MAX_LORAS,), 2.0, dtype=torch.float32, device=device)
+        # Distinct scalings per adapter (0.5 .. 4.0): a kernel that applies one adapter's scaling to
+        # every segment shows up in the max-error columns.
+        self.scalings = torch.linspace(0.5, 4.0, MAX_LORAS, dtype=torch.float32, device=device)
         slot_per_token = torch.tensor([s for s, n in zip(request_slots, request_lens) for _ in range(n)], device=device)
         if mode == "decode":  # SGLang's _build_sgemm_routing: sort by slot, one segment per slot
             self.permutation = torch.argsort(slot_per_token, stable=True).to(torch.int32)
@@ -99,6 +112,11 @@ class Case:
             name: torch.tensor([0, *itertools.accumulate(outs)], dtype=torch.int32, device=device)
             for name, (_, _, outs) in self.weights.items()
         }
+        #: The slice-spacing gather index per slice count (IntelXpuLoRABackend: once per batch).
+        self.spacing = {
+            n: slice_layout.spacing_index(self.seg_indptr, self.weight_indices, self.ranks, tokens, n, rank, self.permutation)
+            for n in {len(outs) for _, _, outs in self.weights.values()} if n > 1
+        }
 
     def min_bytes(self) -> int:
         """Bytes a perfect kernel moves for the layer: each used adapter's A and B once, the inputs
@@ -112,39 +130,51 @@ class Case:
 
     # --- intel_xpu's providers, called as IntelXpuLoRABackend routes a layer -----------------------
 
-    def run_module(self, ops, weights: dict, name: str, **extra) -> torch.Tensor:
-        """Module ``name`` through provider module ``ops``: a permuted (decode) batch through the
-        chunked shrink and expand, a contiguous one through ``sgemm_lora_a_fwd`` and the B op of
-        the module's slice count. ``extra`` goes to every op (the Triton provider's ``batch_info``)."""
-        a, b, outs = weights[name]
+    def run_module(self, ops, name: str, reads_spaced: Callable[[str], bool], **extra) -> torch.Tensor:
+        """Module ``name`` through the op table ``ops`` (a provider module or an ``OpSelection``
+        table; keyword calls): a permuted (decode) batch through the chunked shrink and expand, a
+        contiguous one through ``sgemm_lora_a_fwd`` and the B op of the module's slice count. The
+        shrink's output is re-spaced when ``reads_spaced(expand op)`` and there is more than one
+        slice. ``extra`` goes to every op (the Triton provider's ``batch_info``)."""
+        a, b, outs = self.weights[name]
         x, n = self.inputs[name], len(outs)
         meta = dict(seg_indptr=self.seg_indptr, weight_indices=self.weight_indices, lora_ranks=self.ranks, **extra)
         if self.permutation is not None:
-            mid = ops.chunked_sgmv_lora_shrink_fwd(x, a, n, MAX_LORAS, permutation=self.permutation, **meta)
-            return ops.chunked_sgmv_lora_expand_fwd(
-                mid, b, self.offsets[name], max(outs), n, MAX_LORAS, scalings=self.scalings, permutation=self.permutation, **meta
+            expand_op = "chunked_sgmv_lora_expand_fwd"
+            mid = ops.chunked_sgmv_lora_shrink_fwd(
+                input_x=x, weights=a, stack_num=n, num_segments=MAX_LORAS, permutation=self.permutation, **meta
             )
-        mid = ops.sgemm_lora_a_fwd(x, a, n, **meta)
+        else:
+            expand_op = {3: "qkv_lora_b_fwd", 2: "gate_up_lora_b_fwd", 1: "sgemm_lora_b_fwd"}[n]
+            mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=n, **meta)
+        if n > 1 and reads_spaced(expand_op):
+            mid = slice_layout.spaced_slices(mid, self.spacing[n])
+        expand = dict(input_x=mid, scalings=self.scalings, **meta)
+        if self.permutation is not None:
+            return ops.chunked_sgmv_lora_expand_fwd(
+                weights=b, slice_offsets=self.offsets[name], max_slice_size=max(outs), num_slices=n,
+                num_segments=MAX_LORAS, permutation=self.permutation, **expand,
+            )
         if n == 3:
-            return ops.qkv_lora_b_fwd(mid, b, self.offsets[name], max(outs), scalings=self.scalings, **meta)
+            return ops.qkv_lora_b_fwd(qkv_lora_b=b, output_offset=self.offsets[name], max_qkv_out_dim=max(outs), **expand)
         if n == 2:
-            return ops.gate_up_lora_b_fwd(mid, b, outs[0], scalings=self.scalings, **meta)
-        return ops.sgemm_lora_b_fwd(mid, b, scalings=self.scalings, **meta)
+            return ops.gate_up_lora_b_fwd(gate_up_lora_b=b, output_dim=outs[0], **expand)
+        return ops.sgemm_lora_b_fwd(weights=b, **expand)
 
     def portable(self, name: str) -> torch.Tensor:
-        return self.run_module(torch_ops, self.weights, name)
+        return self.run_module(torch_ops, name, lambda op: True)
 
-    def intel_xpu_triton_fn(self, layout: str) -> Callable[[str], torch.Tensor]:
-        """The layer through :mod:`sglang_xpu_lora.providers.triton_ops` on ``layout`` (``"spaced"``:
-        padded ranks, ``"packed"``: real ranks), with the batch info SGLang's Triton backend builds
-        (decode: one segment per slot, tokens sorted by slot; prefill: one segment per request)."""
+    def intel_xpu_fn(self, selection, use_graph: bool) -> Callable[[str], torch.Tensor]:
+        """The layer through ``selection``'s eager or graph table (an ``OpSelection``), with the
+        batch info SGLang's Triton backend builds for its Triton ops (real ranks; decode: one
+        segment per slot, tokens sorted by slot; prefill: one segment per request)."""
         from benchmarks.triton_peers import dense_batch_info
-        from sglang_xpu_lora.providers import triton_ops
 
-        spaced = layout == "spaced"
-        info = dense_batch_info(self, triton_ops.pad_lora_ranks(self.ranks, self.rank) if spaced else self.ranks)
-        weights = self.weights if spaced else self.packed_weights
-        return lambda name: self.run_module(triton_ops, weights, name, batch_info=info)
+        info = dense_batch_info(self) if selection.uses_triton else None
+        table = selection.for_graph(use_graph)
+        return lambda name: self.run_module(
+            table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info
+        )
 
     # --- whole backends, through their run_* methods (what a user gets) ------------------------------
 
@@ -180,11 +210,11 @@ class Case:
                 backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=self.device)
             backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=self.rank)
             backend.chunked_decode_rule = ChunkedDecodeRule(min_tokens=chunked_min_tokens)
-        ranks, scalings = [self.real_rank] * MAX_LORAS, [2.0] * MAX_LORAS
+        ranks, scalings = [self.real_rank] * MAX_LORAS, self.scalings.tolist()
         backend.prepare_lora_batch(self.forward_batch(), list(self.request_slots), ranks, scalings, False)
 
         def run(name):
-            a, b, outs = self.packed_weights[name]
+            a, b, outs = self.weights[name]
             x, offsets = self.inputs[name], self.offsets[name]
             if len(outs) == 3:
                 return backend.run_qkv_lora(
@@ -298,27 +328,31 @@ def check_graph_replay(device, dtype) -> dict:
     return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
 
-def triton_tiers_run(device: torch.device) -> bool:
-    """The Triton tiers run on a CUDA GPU, and on CPU in Triton's interpreter (smoke runs)."""
+def intel_xpu_tier_runs(device: torch.device) -> bool:
+    """The ``intel_xpu`` tier runs on a CUDA GPU, and on CPU in Triton's interpreter (smoke runs;
+    elsewhere on CPU it is the portable tier)."""
     return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def grid(args) -> list[tuple]:
     """Points ``(model, max_lora_rank, adapters, tokens, mode, real rank)``."""
     if args.quick:
-        if args.device == "cpu" and triton_tiers_run(torch.device("cpu")):  # the interpreter: a tiny layer
+        if args.device == "cpu" and intel_xpu_tier_runs(torch.device("cpu")):  # the interpreter: a tiny layer
             return [("tiny", 16, 8, 8, "decode", 16), ("tiny", 16, 4, 8, "decode", 8), ("tiny", 16, 1, 16, "prefill", 8)]
         return [("llama-3.1-8b", 16, 8, 64, "decode", 16), ("llama-3.1-8b", 16, 1, 64, "decode", 16),
                 ("llama-3.1-8b", 16, 4, 512, "prefill", 16)]
     decode = [1, 16, 64, 256, 1024, 2048] if args.device == "cuda" else [1, 16, 64, 256]
     prefill = [512, 2048, 8192, 16384] if args.device == "cuda" else [512, 2048]
     points = []
-    for model, rank, adapters in itertools.product(MODELS, (16, 64), (1, 4, 8)):
-        points += [(model, rank, adapters, t, "decode", rank) for t in decode]
-        points += [(model, rank, adapters, t, "prefill", rank) for t in prefill]
-    if args.device == "cuda":  # adapters below max_lora_rank: the spaced layout's padding has a price
+    if args.points == "all":
+        for model, rank, adapters in itertools.product(MODELS, (16, 64), (1, 4, 8)):
+            points += [(model, rank, adapters, t, "decode", rank) for t in decode]
+            points += [(model, rank, adapters, t, "prefill", rank) for t in prefill]
+    if args.device == "cuda":  # adapters below max_lora_rank (the common case), and at it for reference
+        for model, adapters, real in itertools.product(MODELS, (4, 8), (8, 16, 64)):
+            if real < 64 or args.points == "below-max-rank":
+                points += [(model, 64, adapters, t, "decode", real) for t in decode if t <= 256]
         for real in (8, 16):
-            points += [("llama-3.1-8b", 64, 8, t, "decode", real) for t in decode]
             points += [("llama-3.1-8b", 64, 8, t, "prefill", real) for t in prefill]
     return points
 
@@ -345,6 +379,26 @@ def copy_bandwidth(device) -> float:
     return 2 * src.numel() / time_call(lambda: dst.copy_(src), device, min_seconds=0.5)
 
 
+def intel_xpu_selection(args, device: torch.device):
+    """The op selection ``intel_xpu`` makes on ``device`` (``SGLANG_XPU_LORA_KERNELS``, default
+    ``auto``), over the emulated sgl-kernel-xpu build ``args.emulated_build`` when given."""
+    from sglang_xpu_lora.providers import choose
+
+    if args.emulated_build:
+        from sglang_cpu_devsupport import kernel_emulator
+
+        kernel_emulator.install(args.emulated_build)
+    selection = choose(device)
+    args.intel_xpu_providers = {
+        op: {"eager": selection.choices[op].provider, "graph": selection.graph_choices[op].provider} for op in selection.choices
+    }
+    print("intel_xpu providers (eager / graph):", {op: f"{p['eager']} / {p['graph']}" for op, p in args.intel_xpu_providers.items()}, flush=True)
+    if args.emulated_build and not any(c.provider == "native" for c in selection.choices.values()):
+        print(f"warning: the emulated build {args.emulated_build} has no {device.type} kernels; intel_xpu is measured "
+              "without native ops (inside graphs that is also what an Intel box runs)", flush=True)
+    return selection
+
+
 def run(args) -> list[dict]:
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
@@ -353,6 +407,7 @@ def run(args) -> list[dict]:
     if device.type == "cuda":
         args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
         print("graph replay check:", args.graph_replay_check, flush=True)
+    selection = intel_xpu_selection(args, device) if intel_xpu_tier_runs(device) else None
     rows = []
     for model, rank, adapters, tokens, mode, real_rank in selected(grid(args), args):
         shape = TINY if model == "tiny" else MODELS[model]
@@ -367,8 +422,8 @@ def run(args) -> list[dict]:
                 native = time_call(layer(case.torch_native_fn(), case), device, min_seconds=args.seconds)
                 row["torch_native_ms"] = native * 1e3
                 row["speedup_vs_torch_native"] = native / portable
-        if triton_tiers_run(device):
-            row.update(triton_tiers(case, device, args.seconds))
+        if selection is not None:
+            row.update(intel_xpu_tier(case, selection, device, args.seconds, graphs))
             row.update(backend_tiers(case, device, args, graphs))
         if device.type == "cuda":
             if graphs and not args.no_portable:
@@ -382,7 +437,7 @@ def run(args) -> list[dict]:
                     row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
                     if "portable_graph_ms" in row:
                         row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
-            for tier in ("intel_xpu_spaced", "intel_xpu_packed", "intel_xpu_eager", "intel_xpu_chunked"):
+            for tier in ("intel_xpu", "intel_xpu_eager", "intel_xpu_chunked"):
                 if graphs and f"{tier}_graph_ms" in row:
                     row[f"{tier}_graph_vs_best_peer"] = row[f"{tier}_graph_ms"] / min(row["triton_graph_ms"], row["csgmv_graph_ms"])
                 if f"{tier}_ms" in row:
@@ -395,19 +450,20 @@ def run(args) -> list[dict]:
     return rows
 
 
-def triton_tiers(case: Case, device: torch.device, seconds: float) -> dict:
-    """Times of the two ``intel_xpu`` Triton tiers (eager, and on CUDA graph-captured), and the
-    largest difference of their outputs from the float64 portable reference on the spaced pool
-    (``intel_xpu_*_max_error``, relative to the output's magnitude: a correctness check in the
-    measured dtype, bfloat16 on a GPU)."""
+def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, graphs: bool) -> dict:
+    """Times of the ``intel_xpu`` tier (its eager table eagerly and, on CUDA, its graph table
+    graph-captured), and the largest difference of each table's output from the float64 reference
+    (``intel_xpu_max_error``, ``intel_xpu_graph_max_error``, relative to the output's magnitude: a
+    correctness check in the measured dtype, bfloat16 on a GPU)."""
     result = {}
     reference = {name: reference_output(case, name) for name in case.weights}
-    for layout in ("spaced", "packed"):
-        fn = case.intel_xpu_triton_fn(layout)
-        result[f"intel_xpu_{layout}_ms"] = time_call(layer(fn, case), device, min_seconds=seconds) * 1e3
-        if device.type == "cuda":
-            result[f"intel_xpu_{layout}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=seconds) * 1e3
-        result[f"intel_xpu_{layout}_max_error"] = max(
+    tables = {"": False, "_graph": True} if graphs else {"": False}
+    for suffix, use_graph in tables.items():
+        fn = case.intel_xpu_fn(selection, use_graph)
+        timed = graph(layer(fn, case)) if use_graph else layer(fn, case)
+        result[f"intel_xpu{suffix}_ms"] = time_call(timed, device, min_seconds=seconds) * 1e3
+        torch_ops.begin_batch()
+        result[f"intel_xpu{suffix}_max_error"] = max(
             float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
         )
     return result
@@ -441,16 +497,21 @@ def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
 
 
 def reference_output(case: Case, name: str) -> torch.Tensor:
-    """float64 LoRA output of module ``name`` (the portable op in float64 on the spaced pool)."""
+    """float64 LoRA output of module ``name``: a loop over the slots, each slice's GEMMs at the
+    slot's real rank on the packed pool."""
     a, b, outs = case.weights[name]
-    x, n = case.inputs[name].double(), len(outs)
-    meta = dict(seg_indptr=case.seg_indptr, weight_indices=case.weight_indices, lora_ranks=case.ranks)
-    torch_ops.begin_batch()
-    mid = torch_ops.chunked_sgmv_lora_shrink_fwd(x, a.double(), n, len(case.seg_indptr) - 1, permutation=case.permutation, **meta)
-    return torch_ops.chunked_sgmv_lora_expand_fwd(
-        mid, b.double(), case.offsets[name], max(outs), n, len(case.seg_indptr) - 1, scalings=case.scalings.double(),
-        permutation=case.permutation, **meta,
-    )
+    x = case.inputs[name].double()
+    bounds = [0, *itertools.accumulate(outs)]
+    slot_of_row = torch.tensor([s for s, n in zip(case.request_slots, case.request_lens) for _ in range(n)], device=x.device)
+    out = torch.zeros(x.shape[0], bounds[-1], dtype=torch.float64, device=x.device)
+    real = case.real_rank
+    for slot in slot_of_row.unique().tolist():
+        rows = slot_of_row == slot
+        for p in range(len(outs)):
+            shrink = x[rows] @ a[slot, p * real : (p + 1) * real].double().t()
+            band = b[slot, bounds[p] : bounds[p + 1], :real].double()
+            out[rows, bounds[p] : bounds[p + 1]] = float(case.scalings[slot]) * shrink @ band.t()
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -466,8 +527,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, style in (("portable_ms", "-o"), ("torch_native_ms", "--s"), ("triton_ms", ":^"), ("portable_graph_ms", "-x"),
-                       ("triton_graph_ms", ":v"), ("csgmv_graph_ms", ":d"), ("intel_xpu_packed_graph_ms", "-P"),
-                       ("intel_xpu_spaced_graph_ms", "-*")):
+                       ("triton_graph_ms", ":v"), ("csgmv_graph_ms", ":d"), ("intel_xpu_graph_ms", "-P")):
         points = [(r["tokens"], r[key]) for r in rows if r["mode"] == "decode" and r["adapters"] == 8 and r["rank"] == 16
                   and r.get("real_rank", 16) == 16 and r["model"] == "llama-3.1-8b" and key in r]
         if points:
@@ -496,6 +556,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tokens", type=numbers, help="comma-separated subset of the grid's token counts")
     parser.add_argument("--ranks", type=numbers, help="comma-separated subset of max_lora_rank values")
     parser.add_argument("--adapters", type=numbers, help="comma-separated subset of adapter counts")
+    parser.add_argument("--emulated-build", help="install this emulated sgl-kernel-xpu build for the intel_xpu tier "
+                        "(sglang_cpu_devsupport.kernel_emulator.BUILDS, e.g. full)")
+    parser.add_argument("--points", choices=("all", "below-max-rank"), default="all",
+                        help="below-max-rank: only the max_lora_rank 64 points (real ranks 8, 16 and 64; GPU)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot-only", type=Path, help="redraw the plot of an existing results JSON")
     args = parser.parse_args(argv)
@@ -507,16 +571,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows = run(args)
     name = f"ops-{args.device}" + ("-quick" if args.quick else "")
     columns = ["model", "mode", "rank", "real_rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
-    if any("intel_xpu_packed_ms" in row for row in rows):
-        columns += ["intel_xpu_packed_ms", "intel_xpu_spaced_ms", "intel_xpu_spaced_max_error", "intel_xpu_eager_ms",
-                    "intel_xpu_eager_max_error", "intel_xpu_chunked_ms", "intel_xpu_chunked_max_error"]
+    if any("intel_xpu_ms" in row for row in rows):
+        columns += ["intel_xpu_ms", "intel_xpu_max_error", "intel_xpu_eager_ms", "intel_xpu_eager_max_error",
+                    "intel_xpu_chunked_ms", "intel_xpu_chunked_max_error"]
     if args.device == "cuda":
         columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv",
-                    "intel_xpu_packed_graph_vs_best_peer", "intel_xpu_spaced_graph_vs_best_peer", "intel_xpu_packed_vs_triton",
-                    "intel_xpu_spaced_vs_triton", "intel_xpu_eager_vs_triton", "intel_xpu_eager_spread", "triton_spread",
-                    "intel_xpu_eager_vs_triton_backend", "intel_xpu_chunked_vs_triton", "intel_xpu_eager_graph_vs_best_peer",
-                    "intel_xpu_chunked_graph_vs_best_peer", "roofline_fraction"]
-    write(name, rows, columns, args.out, extra={"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None)})
+                    "intel_xpu_graph_ms", "intel_xpu_graph_max_error", "intel_xpu_graph_vs_best_peer", "intel_xpu_vs_triton",
+                    "intel_xpu_eager_vs_triton", "intel_xpu_eager_spread", "triton_spread", "intel_xpu_eager_vs_triton_backend",
+                    "intel_xpu_chunked_vs_triton", "intel_xpu_eager_graph_vs_best_peer", "intel_xpu_chunked_graph_vs_best_peer",
+                    "roofline_fraction"]
+    extra = {"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None),
+             "emulated_build": args.emulated_build, "intel_xpu_providers": getattr(args, "intel_xpu_providers", None),
+             "repeats": args.repeats}
+    write(name, rows, columns, args.out, extra=extra)
     plot(rows, Path(args.out) / f"{name}.png")
 
 

@@ -68,7 +68,7 @@ def peers(case) -> dict[str, Callable[[str], torch.Tensor]]:
     csgmv_info = _batch_info(case, permutation=permutation, seg_indptr=bounds, weight_indices=chunk_slots, max_len=CSGMV_CHUNK)
 
     def triton(name):
-        a, b, outs = case.packed_weights[name]
+        a, b, outs = case.weights[name]
         mid = sgemm_lora_a_fwd(case.inputs[name], a, dense_info, stack_num=len(outs))
         if len(outs) == 3:
             return qkv_lora_b_fwd(mid, b, dense_info, case.offsets[name], max(outs), None)
@@ -77,7 +77,7 @@ def peers(case) -> dict[str, Callable[[str], torch.Tensor]]:
         return sgemm_lora_b_fwd(mid, b, dense_info, None)
 
     def csgmv(name):
-        a, b, outs = case.packed_weights[name]
+        a, b, outs = case.weights[name]
         mid = chunked_sgmv_lora_shrink_forward(case.inputs[name], a, csgmv_info, len(outs))
         return chunked_sgmv_lora_expand_forward(mid, b, csgmv_info, case.offsets[name], max(outs), None)
 

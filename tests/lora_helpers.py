@@ -1,4 +1,4 @@
-"""Shared test helpers: pool-layout LoRA weights and an independent float64 reference."""
+"""Shared test helpers: LoRA weights in the pool's layout and an independent float64 reference."""
 
 from __future__ import annotations
 
@@ -8,36 +8,31 @@ from typing import Optional, Sequence
 import torch
 
 
-def spaced_weights(ranks: Sequence[int], num_slices: int, out_dims: Sequence[int], max_rank: int, hidden: int, seed: int = 0):
-    """Random ``A (L, num_slices * max_rank, hidden)`` and ``B (L, sum(out_dims), max_rank)`` in the
-    pool layout the pool patch produces: slice ``p`` of A at rows ``p * max_rank``, rank tails zero."""
+def pool_weights(ranks: Sequence[int], num_slices: int, out_dims: Sequence[int], max_rank: int, hidden: int, seed: int = 0):
+    """Random ``A (L, num_slices * max_rank, hidden)`` and ``B (L, sum(out_dims), max_rank)`` as the
+    pool holds them: SGLang's packed layout (slice ``p`` of a rank-``r`` slot at rows ``p * r``),
+    zeroed from row ``num_slices * r`` (A) and column ``r`` (B) on, as the pool patch leaves a slot."""
     generator = torch.Generator().manual_seed(seed)
     a = torch.randn(len(ranks), num_slices * max_rank, hidden, generator=generator)
     b = torch.randn(len(ranks), sum(out_dims), max_rank, generator=generator)
     for slot, rank in enumerate(ranks):
-        for p in range(num_slices):
-            a[slot, p * max_rank + rank : (p + 1) * max_rank] = 0
+        a[slot, num_slices * rank :] = 0
         b[slot, :, rank:] = 0
     return a, b
 
 
-def packed_lora_a(a_spaced: torch.Tensor, ranks: Sequence[int], num_slices: int, max_rank: int) -> torch.Tensor:
-    """``a_spaced`` in SGLang's packed pool layout: slice ``p`` of a rank-``r`` slot at row ``p * r``."""
-    a = torch.zeros_like(a_spaced)
-    for slot, rank in enumerate(ranks):
-        for p in range(num_slices):
-            a[slot, p * rank : (p + 1) * rank] = a_spaced[slot, p * max_rank : p * max_rank + rank]
-    return a
-
-
-def lora_reference(x, a, b, out_dims, slot_of_row, scalings, max_rank, base: Optional[torch.Tensor] = None):
-    """float64 per-row loop: ``base + scaling * B_p (A_p x)`` for each slice ``p``."""
+def lora_reference(x, a, b, out_dims, slot_of_row, scalings, ranks, base: Optional[torch.Tensor] = None):
+    """float64 per-row loop over the packed pool: ``base + scaling * B_p (A_p x)`` for each slice
+    ``p``, with ``A_p`` the rows ``[p * r, (p + 1) * r)`` of a rank-``r`` slot and ``B_p`` its first
+    ``r`` columns of band ``p``."""
     bounds = [0, *itertools.accumulate(out_dims)]
     out = torch.zeros(x.shape[0], bounds[-1], dtype=torch.float64) if base is None else base.double().clone()
     for row, slot in enumerate(slot_of_row):
+        rank = ranks[slot]
         for p in range(len(out_dims)):
-            shrink = a[slot, p * max_rank : (p + 1) * max_rank].double() @ x[row].double()
-            out[row, bounds[p] : bounds[p + 1]] += scalings[slot] * (b[slot, bounds[p] : bounds[p + 1]].double() @ shrink)
+            shrink = a[slot, p * rank : (p + 1) * rank].double() @ x[row].double()
+            band = b[slot, bounds[p] : bounds[p + 1], :rank].double()
+            out[row, bounds[p] : bounds[p + 1]] += scalings[slot] * (band @ shrink)
     return out
 
 

@@ -3,8 +3,9 @@
 Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
 provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why
 (on a CUDA/XPU device after a trial capture of each native op, as at graph set-up; without one it
-says that graph set-up decides), the LoRA pool layout that follows, the ``sglang.lora_backends``
-plugins and their distributions, and whether every SGLang patch point was found. Exit status 0 when the configuration can serve, 1
+says that graph set-up decides), the LoRA pool layout (and whether its slots are zeroed before each
+load), the ``sglang.lora_backends`` plugins and their distributions, and whether every SGLang patch
+point was found. Exit status 0 when the configuration can serve, 1
 otherwise. ``--json`` prints the same report as one JSON object. Without torch or SGLang it says
 what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the plugin
 version.
@@ -71,7 +72,10 @@ def collect() -> dict[str, Any]:
         report["problems"].append(str(exc))
     else:
         report["ops"] = op_rows(selection)
-        report["pool_layout"] = "max-rank spaced" if selection.needs_max_rank_spaced_layout else "packed"
+        report["pool_layout"] = (
+            "SGLang's packed, real ranks; slots zeroed before each load" if selection.needs_zeroed_slots
+            else "SGLang's packed, real ranks"
+        )
         try:
             device_error = INTEL_XPU.device_error(device)
         except ValueError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
+from lora_helpers import forward_batch, lora_reference, pool_weights
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
@@ -33,12 +33,12 @@ def graphs_on_cpu(monkeypatch):
     return graphs
 
 
-def spaced_weights(num_slices, out_dims, seed=0):
+def layer_weights(num_slices, out_dims, seed=0):
     return pool_weights(RANKS, num_slices, out_dims, RANK, HIDDEN, seed)
 
 
 def reference(x, a, b, out_dims, slot_of_row, base):
-    return lora_reference(x, a, b, out_dims, slot_of_row, SCALINGS, RANK, base)
+    return lora_reference(x, a, b, out_dims, slot_of_row, SCALINGS, RANKS, base)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_prefill_qkv_routing_by_slice_count(backend_factory, out_dims, kernel):
     backend.prepare_lora_batch(forward_batch("EXTEND", len(lens), lens=lens), weight_indices, RANKS, SCALINGS, False)
     assert backend._sgemm_info().permutation is None
     n = len(out_dims)
-    a, b = spaced_weights(n, out_dims)
+    a, b = layer_weights(n, out_dims)
     x, base = torch.randn(sum(lens), HIDDEN), torch.randn(sum(lens), sum(out_dims))
     offsets = torch.tensor([0, *torch.tensor(out_dims).cumsum(0).tolist()], dtype=torch.int32)
     calls.clear()
@@ -71,7 +71,7 @@ def test_decode_uses_chunked_sgmv_with_the_permutation(backend_factory):
     weight_indices = [2, 1, 2, 0, 1]
     backend.prepare_lora_batch(forward_batch("DECODE", 5), weight_indices, RANKS, SCALINGS, False)
     assert backend._sgemm_info().permutation is not None
-    a, b = spaced_weights(2, (6, 6))
+    a, b = layer_weights(2, (6, 6))
     x, base = torch.randn(5, HIDDEN), torch.randn(5, 12)
     calls.clear()
     out = backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, base_output=base)
@@ -80,9 +80,9 @@ def test_decode_uses_chunked_sgmv_with_the_permutation(backend_factory):
 
 
 def run_layer_ops(backend, x, seed=1):
-    a3, b3 = spaced_weights(3, (8, 4, 4), seed)
-    a2, b2 = spaced_weights(2, (6, 6), seed + 1)
-    a1, b1 = spaced_weights(1, (10,), seed + 2)
+    a3, b3 = layer_weights(3, (8, 4, 4), seed)
+    a2, b2 = layer_weights(2, (6, 6), seed + 1)
+    a1, b1 = layer_weights(1, (10,), seed + 2)
     offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
     return [
         backend.run_qkv_lora(x=x, qkv_lora_a=a3, qkv_lora_b=b3, output_offset=offsets, max_qkv_out_dim=8, base_output=None),

@@ -55,7 +55,7 @@ def test_auto_on_cpu_uses_native_for_the_ops_the_build_has_and_torch_for_the_oth
         # Native ops run inside graphs only after a trial capture accepted them (tests/unit/test_capture_probe.py).
         assert "native" not in by_provider(selection.graph_choices) and not selection.graph_decided
         assert set(selection.graph_candidates) == EXPECTED_NATIVE[build]
-        assert selection.needs_max_rank_spaced_layout
+        assert selection.needs_zeroed_slots
         assert providers.runs_on_device("cpu")
 
 
@@ -68,7 +68,7 @@ def test_auto_on_an_xpu_uses_native_then_triton_and_triton_in_graphs_until_the_t
     assert by_provider(selection.graph_choices) == {"triton": ALL}
     assert all(selection.graph_choices[op].reason.startswith(UNTRIED) for op in has)
     assert all(selection.choices[op].capture_safe is None for op in has)
-    assert selection.needs_max_rank_spaced_layout and selection.uses_triton
+    assert selection.needs_zeroed_slots and selection.uses_triton
 
 
 def test_the_sync_free_build_has_the_full_builds_ops_and_numbers(emulate):
@@ -83,7 +83,7 @@ def test_triton_mode_ignores_the_native_build(emulate, as_on_xpu):
     with emulate("full", kernels="triton"):
         selection = providers.choose("xpu")
     assert by_provider(selection.choices) == by_provider(selection.graph_choices) == {"triton": ALL}
-    assert not selection.needs_max_rank_spaced_layout
+    assert not selection.needs_zeroed_slots
 
 
 def test_older_shrink_name_and_embedding_without_max_len_are_detected(emulate):
@@ -197,16 +197,17 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
 
 def provider_table(emulate, device: str) -> str:
     """Markdown: for each op, the provider outside / inside graphs under ``auto``, per emulated build
-    (``none``: no LoRA ops in the installed sgl_kernel), and the pool layout that follows."""
+    (``none``: no LoRA ops in the installed sgl_kernel), and whether pool slots are zeroed before each
+    load (the pool is SGLang's packed layout in every case)."""
     builds = ["none", *EXPECTED_NATIVE]
     columns = {}
     for build in builds:
         with emulate(build) if build != "none" else contextlib.nullcontext():
             selection = providers.choose(device)
         columns[build] = {op: f"{selection.choices[op].provider} / {selection.graph_choices[op].provider}" for op in OP_NAMES}
-        columns[build]["LoRA pool layout"] = "spaced" if selection.needs_max_rank_spaced_layout else "packed"
+        columns[build]["Pool slots zeroed before each load"] = "yes" if selection.needs_zeroed_slots else "no"
     lines = ["| op | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
-    for row in (*OP_NAMES, "LoRA pool layout"):
+    for row in (*OP_NAMES, "Pool slots zeroed before each load"):
         name = f"`{row}`" if row in OP_NAMES else row
         lines.append(f"| {name} | " + " | ".join(columns[b][row] for b in builds) + " |")
     return "\n".join(lines)

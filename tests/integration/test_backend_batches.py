@@ -4,19 +4,18 @@ TARGET_VERIFY (eager and decode-graph sizing) and prefill-graph batch info sized
 ``max_num_requests``. Compared with a float64 per-row loop (tolerance 1e-5, float32).
 
 Selections: portable ops; the emulated ``full`` native build; that build as on an XPU where
-Triton runs (native outside graphs, SGLang's Triton kernels inside them, on the spaced pool with
-padded ranks); Triton everywhere (SGLang's packed pool, real ranks). Triton runs in its
-interpreter on CPU tensors (tests/conftest.py)."""
+Triton runs (native outside graphs, SGLang's Triton kernels inside them); Triton everywhere. All on
+SGLang's packed pool with zeroed slots and real ranks. Triton runs in its interpreter on CPU tensors
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import pytest
 import torch
 
-from lora_helpers import forward_batch, lora_reference, packed_lora_a, spaced_weights as pool_weights
+from lora_helpers import forward_batch, lora_reference, pool_weights
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
@@ -30,7 +29,6 @@ def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
 
     def make():
         backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
-        backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=RANK)  # as the pool patch hands it over
         return backend
 
     if request.param == "portable":
@@ -56,15 +54,13 @@ def weights(seed=0):
 
 def run_qkv(backend, x):
     a, b = weights()
-    if not backend.needs_max_rank_spaced_layout:  # the pool kept SGLang's packed layout
-        a = packed_lora_a(a, RANKS, 3, RANK)
     offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
     return backend.run_qkv_lora(x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8, base_output=None)
 
 
 def reference(x, slot_of_row):
     a, b = weights()
-    return lora_reference(x, a, b, OUT_DIMS, slot_of_row, SCALINGS, RANK)
+    return lora_reference(x, a, b, OUT_DIMS, slot_of_row, SCALINGS, RANKS)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "decode-graph"])
@@ -126,25 +122,3 @@ def test_decode_graph_replay_on_padded_rows_ignores_stale_routing(make_backend):
     out = run_qkv(backend, x)
     torch.testing.assert_close(out[:2].double(), reference(x[:2], [2, 1]), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(out[2:]) == 0
-
-
-def test_triton_ranks_are_padded_once_per_batch_on_the_spaced_pool_only(make_backend, request):
-    """The Triton kernels get ranks padded to max_lora_rank (0 stays 0) on the spaced pool, computed
-    in prepare_lora_batch into one persistent buffer (a captured graph reads its address), and the
-    real ranks on the packed pool."""
-    backend = make_backend()
-    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
-    for graph in (True, False, True):
-        backend.prepare_lora_batch(forward_batch("DECODE", 3), [2, 1, 0], RANKS, SCALINGS, graph)
-        infos = [backend.kernel_batch_info(info) for info in (backend.batch_info, backend._sgemm_info())]
-        if backend.op_selection.uses_triton and backend.needs_max_rank_spaced_layout:
-            infos.append(backend.kernel_batch_info(dataclasses.replace(backend.batch_info)))  # a view made later
-            assert all(info.lora_ranks is backend._padded_ranks for info in infos)
-            assert backend._padded_ranks.tolist() == [0, RANK, RANK]
-        else:
-            assert infos == [backend.batch_info, backend._sgemm_info()]  # the real ranks, as SGLang prepared them
-    buffer = backend._padded_ranks
-    backend.prepare_lora_batch(forward_batch("DECODE", 2), [1, 2], [0, 2, 0], SCALINGS, True)
-    assert backend._padded_ranks is buffer
-    if buffer is not None:
-        assert buffer.tolist() == [0, RANK, 0]

@@ -17,8 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_benchmark(module, out, *args):
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+def run_benchmark(module, out, *args, **env_vars):
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", **env_vars}
     result = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
@@ -27,18 +27,21 @@ def run_benchmark(module, out, *args):
 
 
 def test_ops(tmp_path):
-    """With TRITON_INTERPRET=1 (tests/conftest.py) the quick run includes the intel_xpu Triton tiers
-    on a tiny layer, adapters at and below max_lora_rank; their outputs match the float64 reference."""
+    """With TRITON_INTERPRET=1 (tests/conftest.py) and SGLANG_XPU_LORA_KERNELS=triton the quick run
+    includes the intel_xpu tier through SGLang's Triton kernels on a tiny layer, adapters at and
+    below max_lora_rank; its output matches the float64 reference, as the portable tier's does."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    run_benchmark("ops", tmp_path, "--seconds", "0.01")
+    run_benchmark("ops", tmp_path, "--seconds", "0.01", SGLANG_XPU_LORA_KERNELS="triton")
     rows = json.loads((tmp_path / "ops-cpu-quick.json").read_text())["rows"]
     assert len(rows) == 3 and {r["real_rank"] for r in rows} == {8, 16}
     for r in rows:
         assert math.isfinite(r["portable_ms"]) and math.isfinite(r["torch_native_ms"]), r
         assert math.isclose(r["speedup_vs_torch_native"], r["torch_native_ms"] / r["portable_ms"]), r
-    for tier in ("intel_xpu_packed", "intel_xpu_spaced", "intel_xpu_eager"):  # eager: the backend's run_* methods
-        assert all(math.isfinite(r[f"{tier}_ms"]) and r[f"{tier}_max_error"] < 1e-5 for r in rows), tier
+    assert all(math.isfinite(r["intel_xpu_ms"]) and r["intel_xpu_max_error"] < 1e-5 for r in rows)
+    assert all(math.isfinite(r["intel_xpu_eager_ms"]) and r["intel_xpu_eager_max_error"] < 1e-5 for r in rows)  # the backend's run_* methods
     assert all(math.isfinite(r["triton_backend_ms"]) for r in rows)
+    providers = json.loads((tmp_path / "ops-cpu-quick.json").read_text())["intel_xpu_providers"]
+    assert {p["eager"] for p in providers.values()} == {"triton"}
     assert (tmp_path / "ops-cpu-quick.md").read_text().count("\n") >= 5
     assert (tmp_path / "ops-cpu-quick.png").stat().st_size > 1000
 

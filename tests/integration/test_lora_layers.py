@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_helpers import forward_batch, lora_reference, spaced_weights as pool_weights
+from lora_helpers import forward_batch, lora_reference, pool_weights
 
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
@@ -47,12 +47,12 @@ def build_layer(kind, partitions, backend):
     return layers.MergedColumnParallelLinearWithLoRA(BaseLayer(partitions), backend)
 
 
-def spaced_weights(num_slices, out_dim, seed):
+def layer_weights(num_slices, out_dim, seed):
     return pool_weights(RANKS, num_slices, [out_dim], RANK, HIDDEN, seed)
 
 
 def reference(x, a, b, partitions, slot_of_row, base):
-    return lora_reference(x, a, b, partitions, slot_of_row, SCALINGS, RANK, base)
+    return lora_reference(x, a, b, partitions, slot_of_row, SCALINGS, RANKS, base)
 
 
 #: name -> (wrapper kind, base output partitions, how many of them carry LoRA, prefill B kernel).
@@ -93,7 +93,7 @@ def test_real_lora_layer(provider, name, mode):
         slot_of_row = [2, 1, 2, 0, 1]
         backend.prepare_lora_batch(forward_batch("DECODE", 5), slot_of_row, RANKS, SCALINGS, False)
     layer = build_layer(kind, partitions, backend)
-    a, b = spaced_weights(lora_slices, sum(lora_partitions), seed=len(partitions))
+    a, b = layer_weights(lora_slices, sum(lora_partitions), seed=len(partitions))
     layer.set_lora_info(a, b)
     x, base = torch.randn(len(slot_of_row), HIDDEN), torch.randn(len(slot_of_row), sum(partitions))
     expected = base.double().clone()
@@ -114,7 +114,7 @@ def test_two_slices_routed_to_the_three_slice_kernel_are_rejected(emulate):
     from sglang_xpu_lora import providers
     from sglang_xpu_lora.providers import torch_ops
 
-    a, b = spaced_weights(2, 16, seed=2)
+    a, b = layer_weights(2, 16, seed=2)
     meta = dict(seg_indptr=torch.tensor([0, 3], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
                 lora_ranks=torch.tensor(RANKS, dtype=torch.int32), scalings=torch.tensor(SCALINGS))
     call = dict(input_x=torch.randn(3, 2 * RANK), qkv_lora_b=b, output_offset=torch.tensor([0, 6, 16], dtype=torch.int32),

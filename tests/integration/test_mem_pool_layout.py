@@ -6,15 +6,16 @@ the identity, which is all the pool asks of them.
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_xpu_lora.patches.mem_pool import SPACED_LAYOUT_ATTR, has_spaced_layout
+from sglang_xpu_lora.patches.mem_pool import ZEROED_SLOTS_ATTR, has_zeroed_slots
 
-MAX_RANK = 32
+MAX_RANK = 16  # doc-r16 fills its slot: a smaller adapter loaded over it leaves stale rows to its end
 TARGETS = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 MODULE_PATHS = {"qkv_proj": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj",
@@ -54,12 +55,12 @@ def pool_env(sglang_plugins_loaded, tiny_artifacts):
     tp1 = dict(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0)
     with get_parallel().override(**tp1):
 
-        def new_pool(spaced: bool):
+        def new_pool(zeroed: bool):
             pool = LoRAMemoryPool(
                 base_hf_config=config, max_loras_per_batch=2, dtype=torch.float32, max_lora_rank=MAX_RANK,
                 target_modules=TARGETS, base_model=base, eviction_policy="lru", lora_added_tokens_size=0,
             )
-            setattr(pool, SPACED_LAYOUT_ATTR, spaced)
+            setattr(pool, ZEROED_SLOTS_ATTR, zeroed)
             return pool
 
         def adapter(name):
@@ -89,8 +90,10 @@ def peft_qkv(raw, x, scaling):
     )
 
 
-def test_smaller_adapter_into_reused_slot_is_spaced_and_zero_tailed(pool_env):
-    pool = pool_env.new_pool(spaced=True)
+def test_smaller_adapter_into_reused_slot_is_packed_and_zero_tailed(pool_env):
+    """A rank-8 adapter loaded over a rank-16 one: SGLang's packed layout (slice ``p`` at row
+    ``p * 8``), nothing of the previous tenant past it."""
+    pool = pool_env.new_pool(zeroed=True)
     big, _ = pool_env.adapter("doc-r16")
     small, raw = pool_env.adapter("sql-r8")
     pool_env.load(pool, "doc", 1, big)
@@ -100,8 +103,8 @@ def test_smaller_adapter_into_reused_slot_is_spaced_and_zero_tailed(pool_env):
         for module, parts in STACKED.items():
             slot = pool.A_buffer[module][layer][1]
             for p, proj in enumerate(parts):
-                assert torch.equal(slot[p * MAX_RANK : p * MAX_RANK + r], peft_weight(raw, layer, proj, "A"))
-                assert torch.count_nonzero(slot[p * MAX_RANK + r : (p + 1) * MAX_RANK]) == 0, (module, p)
+                assert torch.equal(slot[p * r : (p + 1) * r], peft_weight(raw, layer, proj, "A"))
+            assert torch.count_nonzero(slot[len(parts) * r :]) == 0, module
             b = pool.B_buffer[module][layer][1]
             assert torch.equal(b[:, :r], torch.cat([peft_weight(raw, layer, proj, "B") for proj in parts]))
             assert torch.count_nonzero(b[:, r:]) == 0
@@ -111,31 +114,35 @@ def test_smaller_adapter_into_reused_slot_is_spaced_and_zero_tailed(pool_env):
 
 
 def test_adapter_without_a_module_clears_what_the_previous_tenant_left(pool_env):
-    pool = pool_env.new_pool(spaced=True)
+    pool = pool_env.new_pool(zeroed=True)
     pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
-    pool_env.load(pool, "qv", 1, pool_env.adapter("qv-r4")[0])  # q_proj / v_proj only
+    pool_env.load(pool, "qv", 1, pool_env.adapter("qv-r4")[0])  # q_proj / v_proj only, rank 4
     for layer in range(pool_env.layers):
         qkv = pool.A_buffer["qkv_proj"][layer][1]
-        assert torch.count_nonzero(qkv[MAX_RANK : 2 * MAX_RANK]) == 0  # no k_proj in qv-r4
+        assert torch.count_nonzero(qkv[4:8]) == 0 and torch.count_nonzero(qkv[12:]) == 0  # no k_proj; the tail
         for module in ("o_proj", "gate_up_proj", "down_proj"):
             assert torch.count_nonzero(pool.A_buffer[module][layer][1]) == 0, module
             assert torch.count_nonzero(pool.B_buffer[module][layer][1]) == 0, module
 
 
-def test_unmarked_pool_keeps_sglang_packed_layout(pool_env):
-    pool = pool_env.new_pool(spaced=False)
+def test_unmarked_pool_keeps_what_the_previous_tenant_left(pool_env):
+    """What the zeroing protects against: SGLang's own load writes a rank-8 adapter packed over a
+    rank-16 one and leaves the rank-16 adapter's rows and columns past it."""
+    pool = pool_env.new_pool(zeroed=False)
+    pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
     small, raw = pool_env.adapter("sql-r8")
     pool_env.load(pool, "sql", 1, small)
-    slot = pool.A_buffer["qkv_proj"][0][1]
+    slot, b = pool.A_buffer["qkv_proj"][0][1], pool.B_buffer["qkv_proj"][0][1]
     assert torch.equal(slot[8:16], peft_weight(raw, 0, "k_proj", "A"))  # slice 1 packed at row 1 * r
+    assert torch.count_nonzero(slot[24:48]) > 0 and torch.count_nonzero(b[:, 8:16]) > 0
 
 
-@pytest.mark.parametrize("kernels, intel_xpu_spaced", [("auto", True), ("triton", False)])
+@pytest.mark.parametrize("kernels, intel_xpu_zeroed", [("auto", True), ("triton", False)])
 def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
-    sglang_plugins_loaded, tiny_artifacts, monkeypatch, kernels, intel_xpu_spaced
+    sglang_plugins_loaded, tiny_artifacts, monkeypatch, kernels, intel_xpu_zeroed
 ):
-    """intel_xpu needs the spaced pool when a native or portable op serves (auto on CPU: portable),
-    SGLang's packed pool when every op is Triton; it is told the layout and max_lora_rank."""
+    """intel_xpu needs zeroed slots when a native or portable op serves (auto on CPU: portable),
+    not when every op is Triton; it is handed its pool, to check it."""
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
     from sglang.srt.lora.backend.lora_registry import get_backend_from_name
     from sglang.srt.lora.lora_manager import LoRAManager
@@ -155,65 +162,75 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
                 lora_backend=get_backend_from_name(backend_name)(max_loras_per_batch=2, device=torch.device("cpu")),
             )
             LoRAManager.init_memory_pool(manager)
-            marks[backend_name] = getattr(manager.memory_pool, SPACED_LAYOUT_ATTR)
+            marks[backend_name] = getattr(manager.memory_pool, ZEROED_SLOTS_ATTR)
             if backend_name == "intel_xpu":
                 handed = manager.lora_backend.lora_memory_pool is manager.memory_pool
-    assert marks == {"intel_xpu": intel_xpu_spaced, "torch_native": False}
-    assert handed  # the backend reads max_lora_rank from its pool to pad ranks on the spaced layout
+    assert marks == {"intel_xpu": intel_xpu_zeroed, "torch_native": False}
+    assert handed
 
 
-def reused_slot_qkv(pool_env, spaced: bool, ops, kernel_ranks=None):
+#: Provider mixes on CPU: (SGLANG_XPU_LORA_KERNELS, emulated build or None, portable routing, the
+#: batch modes in which an op of the mix contracts over max_lora_rank: native ops, the portable
+#: ones routed on the device; the host routing and SGLang's Triton kernels stop at the real rank).
+MIXES = {
+    "portable-host": ("torch", None, "host", ()),
+    "portable-device": ("torch", None, "device", ("prefill", "decode")),
+    "native-v0.1.0-shrink+portable-expand": ("auto", "v0.1.0", "device", ("prefill", "decode")),
+    "native-v0.2.0": ("auto", "v0.2.0", "host", ("prefill",)),  # decode: portable chunked ops
+    "native-full": ("auto", "full", "host", ("prefill", "decode")),
+    "triton": ("triton", None, "host", ()),
+}
+
+
+@pytest.fixture(params=list(MIXES))
+def mix_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
+    """``IntelXpuLoRABackend`` with the provider mix of the parameter (Triton in its interpreter)."""
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+    from sglang_xpu_lora.providers import torch_ops
+
+    kernels, build, routing, reads_past_rank = MIXES[request.param]
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: routing == "host")
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
+    with emulate(build, kernels=kernels) if build else contextlib.nullcontext():
+        yield IntelXpuLoRABackend(max_loras_per_batch=2, device=torch.device("cpu")), reads_past_rank
+
+
+def reused_slot_qkv(pool_env, zeroed: bool, backend, mode: str):
     """Layer 0's qkv LoRA output for 5 rows of a rank-8 adapter loaded into a slot that held a
-    rank-16 one, through provider module ``ops`` (the Triton provider gets SGLang's batch info with
-    ``kernel_ranks(real ranks)``), and the PEFT result."""
-    from sglang.srt.lora.utils import LoRABatchInfo
+    rank-16 one (at max_lora_rank), through ``backend`` (a prefill or decode batch), and the PEFT
+    result."""
+    from lora_helpers import forward_batch
 
-    pool = pool_env.new_pool(spaced=spaced)
+    pool = pool_env.new_pool(zeroed=zeroed)
     pool_env.load(pool, "doc", 1, pool_env.adapter("doc-r16")[0])
     small, raw = pool_env.adapter("sql-r8")
     pool_env.load(pool, "sql", 1, small)
     a, b = pool.A_buffer["qkv_proj"][0], pool.B_buffer["qkv_proj"][0]
+    batch = forward_batch("EXTEND", 1, lens=[5]) if mode == "prefill" else forward_batch("DECODE", 5)
+    backend.prepare_lora_batch(batch, [1] * batch.batch_size, [0, 8], [0.0, small.scaling], False)
     x = torch.randn(5, a.shape[2])
-    real, scalings = torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0.0, small.scaling])
-    meta = dict(seg_indptr=torch.tensor([0, 5], dtype=torch.int32), weight_indices=torch.tensor([1], dtype=torch.int32),
-                lora_ranks=real)
-    if kernel_ranks is not None:
-        meta["batch_info"] = LoRABatchInfo(
-            use_cuda_graph=False, bs=1, num_segments=1, seg_indptr=meta["seg_indptr"], weight_indices=meta["weight_indices"],
-            lora_ranks=kernel_ranks(real), scalings=scalings, max_len=5, seg_lens=torch.tensor([5], dtype=torch.int32),
-        )
     q, k, v = (peft_weight(raw, 0, proj, "B").shape[0] for proj in STACKED["qkv_proj"])
-    out = ops.qkv_lora_b_fwd(
-        input_x=ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), qkv_lora_b=b,
-        output_offset=torch.tensor([0, q, q + k, q + k + v], dtype=torch.int32), max_qkv_out_dim=q,
-        scalings=scalings, **meta,
+    out = backend.run_qkv_lora(
+        x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=torch.tensor([0, q, q + k, q + k + v], dtype=torch.int32),
+        max_qkv_out_dim=q, base_output=None,
     )
     return out, peft_qkv(raw, x, small.scaling)
 
 
-@pytest.mark.parametrize("spaced", [True, False], ids=["spaced-pool-padded-ranks", "packed-pool-real-ranks"])
-def test_triton_kernels_are_exact_on_either_layout(pool_env, spaced):
-    """SGLang's Triton kernels (interpreter) on the real pool: exact on the spaced pool with ranks
-    padded to max_lora_rank, and on SGLang's packed pool with the real ranks."""
-    from sglang_xpu_lora.providers import triton_ops
-
-    pad = (lambda real: triton_ops.pad_lora_ranks(real, MAX_RANK)) if spaced else (lambda real: real)
-    out, expected = reused_slot_qkv(pool_env, spaced, triton_ops, kernel_ranks=pad)
-    assert float((out - expected).abs().max()) < 1e-4
-
-
-@pytest.mark.parametrize("spaced", [True, False], ids=["pool-patch", "pool-patch-removed"])
-def test_kernels_are_exact_only_on_the_patched_layout(pool_env, spaced):
-    """The protection, and what removing it does: the full-max_rank kernels read a rank-8 adapter
-    loaded over a rank-16 one exactly from the patched pool, and wrongly from SGLang's packed one."""
-    from sglang_xpu_lora.providers import torch_ops
-
-    out, expected = reused_slot_qkv(pool_env, spaced, torch_ops)
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("zeroed", [True, False], ids=["pool-patch", "pool-patch-removed"])
+def test_every_provider_mix_is_exact_on_the_patched_pool(pool_env, mix_backend, zeroed, mode):
+    """The protection, and what removing it does: every provider mix reads a rank-8 adapter loaded
+    over a rank-16 one exactly from the patched pool (PEFT's numbers); without the zeroing the ops
+    that contract over max_lora_rank read the previous tenant's tail, while those that stop at the
+    real rank (SGLang's Triton kernels, the portable host routing) stay exact."""
+    backend, reads_past_rank = mix_backend
+    out, expected = reused_slot_qkv(pool_env, zeroed, backend, mode)
     error = float((out - expected).abs().max())
-    if spaced:
+    if zeroed or mode not in reads_past_rank:
         assert error < 1e-4
     else:
-        assert error > 0.1  # a stale / mis-strided slot is caught by the same comparison
+        assert error > 0.1  # a stale slot tail is caught by the same comparison
 
 
 @pytest.mark.parametrize("on_host", [True, False], ids=["host-routing", "device-routing"])
@@ -225,18 +242,21 @@ def test_a_resident_nan_adapter_and_its_unload_leave_other_requests_bit_identica
     from sglang_xpu_lora.providers import torch_ops
 
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: on_host)
-    pool = pool_env.new_pool(spaced=True)
+    from sglang_xpu_lora.providers import slice_layout
+
+    pool = pool_env.new_pool(zeroed=True)
     pool_env.load(pool, "sql", 0, pool_env.adapter("sql-r8")[0])
     meta = dict(seg_indptr=torch.tensor([0, 3, 3], dtype=torch.int32), weight_indices=torch.tensor([0, 1], dtype=torch.int32),
                 lora_ranks=torch.tensor([8, 16], dtype=torch.int32))
     x = torch.randn(5, pool.A_buffer["qkv_proj"][0].shape[2])  # rows 3 and 4: base-model requests
+    index = slice_layout.spacing_index(meta["seg_indptr"], meta["weight_indices"], meta["lora_ranks"], 5, 3, MAX_RANK)
 
     def outputs():
         result = []
         for layer in range(pool_env.layers):
             a, b = pool.A_buffer["qkv_proj"][layer], pool.B_buffer["qkv_proj"][layer]
             q, kv = pool.B_buffer["o_proj"][layer].shape[1], (b.shape[1] - pool.B_buffer["o_proj"][layer].shape[1]) // 2
-            mid = torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta)
+            mid = slice_layout.spaced_slices(torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), index)
             result += [mid, torch_ops.qkv_lora_b_fwd(
                 input_x=mid, qkv_lora_b=b, output_offset=torch.tensor([0, q, q + kv, q + 2 * kv], dtype=torch.int32),
                 max_qkv_out_dim=q, scalings=torch.tensor([2.0, 1.0]), base_output=torch.ones(5, b.shape[1]), **meta,
@@ -290,7 +310,7 @@ def unhook(monkeypatch, cls, method):
 
 
 @pytest.mark.parametrize("missing", [None, "init_memory_pool", "load_lora_weight_to_buffer"])
-def test_backend_refuses_a_pool_without_the_spaced_layout(manager_with_pool, monkeypatch, missing):
+def test_backend_refuses_a_pool_without_zeroed_slots(manager_with_pool, monkeypatch, missing):
     """The backend's own check, which does not rely on the plugin's hooks having run: with both
     pool hooks it serves; with either one not applied it refuses at its first batch, naming why."""
     from lora_helpers import forward_batch
@@ -308,21 +328,21 @@ def test_backend_refuses_a_pool_without_the_spaced_layout(manager_with_pool, mon
     def first_batch():
         backend.prepare_lora_batch(forward_batch("DECODE", 2), [0, 0], [0, 0], [0.0, 0.0], False)
 
-    assert has_spaced_layout(manager.memory_pool) == (missing is None)
+    assert has_zeroed_slots(manager.memory_pool) == (missing is None)
     if missing is None:
         first_batch()  # serves: no RuntimeError
         assert backend.lora_memory_pool is manager.memory_pool
         return
     why = {"init_memory_pool": "hook on LoRAManager.init_memory_pool did not run",
-           "load_lora_weight_to_buffer": "the pool has SGLang's packed layout"}[missing]
+           "load_lora_weight_to_buffer": "the pool's loads are not zeroing its slots"}[missing]
     with pytest.raises(RuntimeError, match=f"--lora-backend intel_xpu refuses to serve: .*{why}"):
         first_batch()
     with pytest.raises(RuntimeError, match="refuses to serve"):  # and keeps refusing
         backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=2, num_tokens_per_req=1)
 
 
-def test_backend_whose_ops_need_no_spacing_serves_on_the_packed_layout(manager_with_pool, monkeypatch):
-    """``needs_max_rank_spaced_layout`` is read from the backend (its op selection decides)."""
+def test_backend_whose_ops_need_no_zeroing_serves_on_sglangs_own_pool(manager_with_pool, monkeypatch):
+    """``needs_zeroed_slots`` is read from the backend (its op selection decides)."""
     from lora_helpers import forward_batch
     from sglang.srt.lora.lora_manager import LoRAManager
 
@@ -331,12 +351,12 @@ def test_backend_whose_ops_need_no_spacing_serves_on_the_packed_layout(manager_w
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     unhook(monkeypatch, LoRAManager, "init_memory_pool")
     backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
-    backend.needs_max_rank_spaced_layout = False
+    backend.needs_zeroed_slots = False
     manager = manager_with_pool(backend)
-    assert not has_spaced_layout(manager.memory_pool)
+    assert not has_zeroed_slots(manager.memory_pool)
     backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)  # no RuntimeError
-    # the same pool refused by a backend whose ops need the spacing: what the flag changed
-    backend.needs_max_rank_spaced_layout = True
+    # the same pool refused by a backend whose ops need zeroed slots: what the flag changed
+    backend.needs_zeroed_slots = True
     backend.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
     with pytest.raises(RuntimeError, match="refuses to serve"):
         backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)

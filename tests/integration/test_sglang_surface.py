@@ -249,7 +249,7 @@ def test_every_sglang_name_the_source_uses_is_in_the_table():
 @pytest.mark.parametrize(
     ("table", "key", "entry", "expected"),
     [
-        ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "A_buffer", "patches/mem_pool.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "_clear_buffer_slot_for_base", "patches/mem_pool.py:"),
         ("REQUIRED_ATTRIBUTES", targets.TRITON_BACKEND, "sgemm_batch_info", "backend/xpu.py:"),
         ("REQUIRED_ATTRIBUTES", targets.TRITON_BACKEND, "run_qkv_lora", "backend/xpu.py:"),
         ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "permutation", "backend/xpu.py:"),

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sglang_xpu_lora.providers import torch_ops
-from sglang_xpu_lora.providers.torch_routing import host
 
 
 @pytest.fixture(params=["host", "device"])
 def routing(request, monkeypatch):
     """Run the test with the portable ops routed on the host or on the device, forced whatever the
-    problem size (both strategies run on CPU tensors); on the host, runs below max_rank contract
-    over their own rank whatever their size."""
+    problem size (both strategies run on CPU tensors)."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: request.param == "host")
-    monkeypatch.setattr(host, "REAL_RANK_MIN_SAVING", 0)
     return request.param

@@ -41,7 +41,7 @@ def test_torch_selects_portable_provider_for_every_op_silently(monkeypatch, capl
     assert chosen.eager is chosen.graph
     assert all(getattr(chosen.eager, op).__wrapped__ is getattr(torch_ops, op) for op in base.OP_NAMES)
     assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"torch"}
-    assert chosen.needs_max_rank_spaced_layout and not chosen.uses_triton
+    assert chosen.needs_zeroed_slots and not chosen.uses_triton
     assert providers.portable_kernels_selected() and providers.runs_on_device("cpu")
     assert caplog.records == []
 
@@ -73,7 +73,7 @@ def test_auto_on_a_gpu_without_native_ops_is_triton_in_both_modes_on_the_packed_
             chosen = providers.select_ops(device)
         assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"triton"}
         assert all(getattr(chosen.graph, op) is getattr(triton_ops, op) for op in base.OP_NAMES)
-        assert not chosen.needs_max_rank_spaced_layout  # packed pool, real ranks
+        assert not chosen.needs_zeroed_slots  # SGLang's pool as it is
         assert "Triton test backend" in chosen.choices["qkv_lora_b_fwd"].reason
         assert providers.runs_on_device(device)
     assert caplog.records == []  # Triton is not a degraded choice: logged at INFO only
@@ -89,7 +89,7 @@ def test_triton_mode_serves_every_op_where_triton_runs(monkeypatch, triton_on_gp
     chosen = providers.select_ops("cuda")
     assert chosen.eager is chosen.graph
     assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"triton"}
-    assert not chosen.needs_max_rank_spaced_layout
+    assert not chosen.needs_zeroed_slots
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # on CPU only in the interpreter (tests)
     assert providers_of(providers.select_ops("cpu").choices) == {"triton"}
 

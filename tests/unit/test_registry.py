@@ -82,7 +82,7 @@ def test_broken_entry_point_is_reported_and_skipped(monkeypatch, capsys):
 
 def test_intel_xpu_spec_requirements(monkeypatch):
     spec = registration.INTEL_XPU
-    assert (spec.name, spec.device, spec.needs_max_rank_spaced_layout) == ("intel_xpu", "xpu", True)
+    assert (spec.name, spec.device, spec.needs_zeroed_lora_slots) == ("intel_xpu", "xpu", True)
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
     assert spec.device_error("xpu") is None
     assert spec.device_error("cpu") == (

@@ -64,16 +64,15 @@ def batch(requested: bool):
 
 
 def weights(poison: float, dtype) -> dict:
-    """Every weight tensor of a small pool, rank tails zero (slot 1 has rank 2); slot 2 filled with
-    ``poison`` (0.0: an empty slot)."""
+    """Every weight tensor of a small pool in SGLang's packed layout, rank tails zero (slot 1 has
+    rank 2: its q/k/v A slices in rows 0-5); slot 2 filled with ``poison`` (0.0: an empty slot)."""
     gen = torch.Generator().manual_seed(0)
     w = dict(
-        a=torch.randn(SLOTS, 3, RANK, HIDDEN, generator=gen), b=torch.randn(SLOTS, OFFSETS[-1], RANK, generator=gen),
+        a=torch.randn(SLOTS, 3 * RANK, HIDDEN, generator=gen), b=torch.randn(SLOTS, OFFSETS[-1], RANK, generator=gen),
         lm_head_b=torch.randn(SLOTS, LM_HEAD, RANK, generator=gen), gate_up_b=torch.randn(SLOTS, 16, RANK, generator=gen),
         embedding=torch.randn(SLOTS, RANK, VOCAB, generator=gen), extra=torch.randn(SLOTS, EXTRA, RANK, generator=gen),
     )
-    w["a"][1, :, 2:] = 0
-    w["a"] = w["a"].reshape(SLOTS, 3 * RANK, HIDDEN)
+    w["a"][1, 3 * 2 :] = 0
     for name in ("b", "lm_head_b", "gate_up_b", "extra"):
         w[name][1, :, 2:] = 0
     w["embedding"][1, 2:] = 0
@@ -119,19 +118,28 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
 
 class TritonOps:
     """The ``triton`` provider as the backend calls it: each op also gets SGLang's batch info for
-    its segments, with every slot's rank padded to ``RANK`` (the spaced pool)."""
+    its segments, with the slots' real ranks. A shrink leaves each row's columns from
+    ``stack_num * rank`` on unwritten (uninitialised memory, read by no Triton expand:
+    :mod:`sglang_xpu_lora.providers.triton_ops`); they are zeroed here, so the comparison covers
+    what the kernel writes."""
 
     def __getattr__(self, op):
-        from test_triton_ops import kernel_batch_info
+        from test_triton_ops import sglang_batch_info
 
         from sglang_xpu_lora.providers import triton_ops
+        from sglang_xpu_lora.providers.torch_routing.device import row_slots
 
         def call(**kwargs):
-            info = kernel_batch_info(
-                kwargs["seg_indptr"], kwargs["weight_indices"], torch.full((SLOTS,), RANK, dtype=torch.int32),
+            info = sglang_batch_info(
+                kwargs["seg_indptr"], kwargs["weight_indices"], kwargs["lora_ranks"],
                 kwargs.get("scalings", torch.ones(SLOTS)), kwargs.get("permutation"),
             )
-            return getattr(triton_ops, op)(**kwargs, batch_info=info)
+            out = getattr(triton_ops, op)(**kwargs, batch_info=info)
+            if "stack_num" not in kwargs:
+                return out
+            slots = row_slots(kwargs["seg_indptr"], kwargs["weight_indices"], out.shape[0], kwargs.get("permutation"))
+            written = kwargs["stack_num"] * kwargs["lora_ranks"].long()[slots.clamp(min=0)]
+            return out.masked_fill(torch.arange(out.shape[1]) >= written.unsqueeze(1), 0)
 
         return call
 

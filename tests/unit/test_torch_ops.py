@@ -95,11 +95,11 @@ def random_ranks(rng, num_slots, max_rank):
     return torch.tensor(ranks, dtype=torch.int64)
 
 
-def zero_tails(a, b, ranks, num_slices, max_rank):
-    """Zero A rank-tail rows inside every slice block and B rank-tail columns (the pool's job)."""
+def zero_tails(a, b, ranks, num_slices):
+    """SGLang's packed layout with zeroed slots (the pool patch's job): a rank-r slot's A rows from
+    ``num_slices * r`` on and B columns from ``r`` on are zero."""
     for slot, rank in enumerate(ranks.tolist()):
-        for p in range(num_slices):
-            a[slot, p * max_rank + rank : (p + 1) * max_rank] = 0
+        a[slot, num_slices * rank :] = 0
         b[slot, :, rank:] = 0
 
 
@@ -123,7 +123,7 @@ def problem(seed, dtype, num_slices, permuted):
     ranks = random_ranks(rng, num_slots, max_rank)
     a = torch.randn(num_slots, num_slices * max_rank, hidden).to(dtype)
     b = torch.randn(num_slots, offsets[-1], max_rank).to(dtype)
-    zero_tails(a, b, ranks, num_slices, max_rank)
+    zero_tails(a, b, ranks, num_slices)
     x = torch.randn(num_rows, hidden).to(dtype)
     mid = torch.randn(num_rows, num_slices * max_rank).to(dtype)
     base = torch.randn(num_rows, offsets[-1]).to(dtype)

@@ -212,20 +212,23 @@ class GemmShapes(TorchDispatchMode):
 
 def test_host_routing_contracts_over_each_slots_real_rank(monkeypatch):
     """Slot ranks 0 (the base model's slot), 2 and 4 under max_rank 4: the rank-0 run does no GEMM,
-    the rank-2 run's shrink and expand GEMMs have 2 rank columns / an inner size of 2, per slice
-    (the shrink once that saves more than the extra calls cost: made so here)."""
+    the rank-2 run's shrink is one GEMM over its 3 * 2 packed A rows (its output columns from 6 on
+    zero), its expand GEMMs have an inner size of 2 per slice."""
+    from sglang_xpu_lora.providers import slice_layout
+
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: True)
-    monkeypatch.setattr(host, "REAL_RANK_MIN_SAVING", 0)
     p = decode_batch()
     meta = dict(seg_indptr=torch.tensor([0, 10, 30, 64], dtype=torch.int32),
                 weight_indices=torch.tensor([0, 1, 2], dtype=torch.int32), lora_ranks=torch.tensor([0, 2, 4]))
     a, b = torch.randn(3, 12, 16), torch.randn(3, 10, 4)
-    a.view(3, 3, 4, 16)[1, :, 2:] = 0
+    a[1, 6:] = 0  # packed: the rank-2 slot's three slices in rows 0-5
     b[1, :, 2:] = 0
     with GemmShapes() as shrink:
         mid = torch_ops.sgemm_lora_a_fwd(p["x"], a, 3, **meta)
+    spaced = slice_layout.spaced_slices(mid, slice_layout.spacing_index(
+        meta["seg_indptr"], meta["weight_indices"], meta["lora_ranks"], 64, 3, 4))
     with GemmShapes() as expand:
-        torch_ops.qkv_lora_b_fwd(mid, b, p["offsets"], 6, scalings=p["scalings"].new_ones(3), **meta)
-    assert shrink.shapes == [(20, 16, 2)] * 3 + [(34, 16, 12)]
+        torch_ops.qkv_lora_b_fwd(spaced, b, p["offsets"], 6, scalings=p["scalings"].new_ones(3), **meta)
+    assert shrink.shapes == [(20, 16, 6), (34, 16, 12)]
     assert expand.shapes == [(20, 2, 6), (20, 2, 2), (20, 2, 2), (34, 4, 6), (34, 4, 2), (34, 4, 2)]
-    assert torch.equal(mid[:10], torch.zeros(10, 12))
+    assert torch.equal(mid[:10], torch.zeros(10, 12)) and torch.equal(mid[10:30, 6:], torch.zeros(20, 6))

@@ -1,10 +1,8 @@
 """The Triton provider: SGLang's own Triton LoRA kernels, run by Triton's interpreter on CPU tensors
 (``TRITON_INTERPRET=1``, tests/conftest.py), against the float64 per-segment reference of
-test_torch_ops.py, on both pool layouts the backend can have:
-
-* max-rank spaced (the plugin's pool: slice ``p`` at row ``p * R``, zero rank tails), ranks padded
-  to ``R`` for every active slot (:func:`triton_ops.pad_lora_ranks`);
-* packed (SGLang's pool: slice ``p`` at row ``p * r``, stale tails), the real ranks.
+test_torch_ops.py, on SGLang's packed pool (slice ``p`` at row ``p * r``) with the real ranks, its
+tails either zeroed (the plugin's pool patch) or stale (SGLang's own reused slot): the kernels read
+neither.
 
 Each test calls the ops as ``IntelXpuLoRABackend`` routes a layer: a contiguous batch (extend,
 TARGET_VERIFY) through ``sgemm_lora_a_fwd`` and the B op of the layer (one slice, q/k/v, equal
@@ -31,7 +29,7 @@ from sglang_xpu_lora.providers import triton_ops
 
 MAX_RANK, HIDDEN, NUM_SLOTS = 8, 24, 3
 DTYPES = [torch.float32, torch.float16]  # no bfloat16 in Triton's interpreter (module docstring)
-LAYOUTS = ("spaced", "packed")
+TAILS = ("zeroed", "stale")
 #: (B op the backend calls, band widths), per batch kind.
 CONTIGUOUS_PATHS = [
     ("sgemm_lora_b_fwd", (20,)),
@@ -50,53 +48,53 @@ def interpreter():
     assert triton.knobs.runtime.interpret, "TRITON_INTERPRET=1 must be set before SGLang's kernels are imported"
 
 
-def kernel_batch_info(seg_indptr, weight_indices, kernel_ranks, scalings, permutation):
+def sglang_batch_info(seg_indptr, weight_indices, lora_ranks, scalings, permutation):
     """The batch info SGLang's Triton backend builds (``bs`` segments, ``max_len`` the longest)."""
     from sglang.srt.lora.utils import LoRABatchInfo
 
     seg_lens = seg_indptr[1:] - seg_indptr[:-1]
     return LoRABatchInfo(
         use_cuda_graph=False, bs=len(weight_indices), num_segments=len(weight_indices), seg_indptr=seg_indptr,
-        weight_indices=weight_indices, lora_ranks=kernel_ranks, scalings=scalings,
+        weight_indices=weight_indices, lora_ranks=lora_ranks, scalings=scalings,
         max_len=max(1, int(seg_lens.max())), seg_lens=seg_lens, permutation=permutation,
     )
 
 
-def pool_weights(rng, ranks, bands, layout, dtype):
-    """Stacked ``A (L, n * R, K)`` and ``B (L, N, R)`` in ``layout``, and the spaced equivalent the
-    reference reads (zero tails). Packed tails hold stale values, as a reused SGLang slot does."""
+def pool_weights(rng, ranks, bands, tails, dtype):
+    """Stacked ``A (L, n * R, K)`` and ``B (L, N, R)`` in SGLang's packed layout (slice ``p`` of a
+    rank-``r`` slot at rows ``p * r``), their tails ``"zeroed"`` or ``"stale"`` (random, as a reused
+    SGLang slot holds), and for the reference the same adapters with each slice in its own
+    ``R``-row block, zero tails."""
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     n, total = len(bands), sum(bands)
-    a_spaced = torch.zeros(NUM_SLOTS, n * MAX_RANK, HIDDEN)
-    b_spaced = torch.zeros(NUM_SLOTS, total, MAX_RANK)
-    a = torch.randn(NUM_SLOTS, n * MAX_RANK, HIDDEN, generator=gen) if layout == "packed" else a_spaced.clone()
-    b = torch.randn(NUM_SLOTS, total, MAX_RANK, generator=gen) if layout == "packed" else b_spaced.clone()
+    stale = tails == "stale"
+    a = torch.randn(NUM_SLOTS, n * MAX_RANK, HIDDEN, generator=gen) if stale else torch.zeros(NUM_SLOTS, n * MAX_RANK, HIDDEN)
+    b = torch.randn(NUM_SLOTS, total, MAX_RANK, generator=gen) if stale else torch.zeros(NUM_SLOTS, total, MAX_RANK)
+    a_blocks, b_reference = torch.zeros(NUM_SLOTS, n * MAX_RANK, HIDDEN), torch.zeros(NUM_SLOTS, total, MAX_RANK)
     for slot, rank in enumerate(ranks):
         for p in range(n):
-            slice_a = torch.randn(rank, HIDDEN, generator=gen)
-            a_spaced[slot, p * MAX_RANK : p * MAX_RANK + rank] = slice_a
-            start = p * (rank if layout == "packed" else MAX_RANK)
-            a[slot, start : start + rank] = slice_a
-        b_spaced[slot, :, :rank] = b[slot, :, :rank] = torch.randn(total, rank, generator=gen)
-    return a.to(dtype), b.to(dtype), a_spaced.to(dtype), b_spaced.to(dtype)
+            a[slot, p * rank : (p + 1) * rank] = a_blocks[slot, p * MAX_RANK : p * MAX_RANK + rank] = torch.randn(
+                rank, HIDDEN, generator=gen
+            )
+        b_reference[slot, :, :rank] = b[slot, :, :rank] = torch.randn(total, rank, generator=gen)
+    return a.to(dtype), b.to(dtype), a_blocks.to(dtype), b_reference.to(dtype)
 
 
-def setup(seed, dtype, bands, layout, permuted):
+def setup(seed, dtype, bands, tails, permuted):
     rng = random.Random(seed)
     ranks = [0, rng.randint(1, MAX_RANK - 1), MAX_RANK]
     rng.shuffle(ranks)
     num_rows, seg_indptr, weight_indices, permutation = random_batch(rng, NUM_SLOTS, permuted)
     real = torch.tensor(ranks, dtype=torch.int32)
-    kernel_ranks = triton_ops.pad_lora_ranks(real, MAX_RANK) if layout == "spaced" else real
     scalings = torch.tensor([rng.uniform(0.25, 2.0) for _ in range(NUM_SLOTS)])
-    a, b, a_spaced, b_spaced = pool_weights(rng, ranks, bands, layout, dtype)
+    a, b, a_blocks, b_reference = pool_weights(rng, ranks, bands, tails, dtype)
     x = torch.randn(num_rows, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(dtype)
     base = torch.randn(num_rows, sum(bands), generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     meta = dict(seg_indptr=seg_indptr, weight_indices=weight_indices, lora_ranks=real)
-    info = kernel_batch_info(seg_indptr, weight_indices, kernel_ranks, scalings, permutation)
+    info = sglang_batch_info(seg_indptr, weight_indices, real, scalings, permutation)
     offsets = torch.tensor([0, *itertools.accumulate(bands)], dtype=torch.int32)
     expected = ref_expand(
-        ref_shrink(x, a_spaced, seg_indptr, weight_indices, permutation), b_spaced, offsets.tolist(), scalings,
+        ref_shrink(x, a_blocks, seg_indptr, weight_indices, permutation), b_reference, offsets.tolist(), scalings,
         seg_indptr, weight_indices, permutation, base=base,
     )
     return dict(x=x, a=a, b=b, base=base, meta=meta, info=info, offsets=offsets, scalings=scalings,
@@ -120,19 +118,19 @@ def expand(op, p, mid, bands):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tails", TAILS)
 @pytest.mark.parametrize("op, bands", CONTIGUOUS_PATHS, ids=lambda v: str(len(v)) if isinstance(v, tuple) else v)
-def test_contiguous_batch(op, bands, layout, dtype):
-    p = setup(2 * CONTIGUOUS_PATHS.index((op, bands)) + LAYOUTS.index(layout), dtype, bands, layout, permuted=False)
+def test_contiguous_batch(op, bands, tails, dtype):
+    p = setup(2 * CONTIGUOUS_PATHS.index((op, bands)) + TAILS.index(tails), dtype, bands, tails, permuted=False)
     mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], stack_num=len(bands), batch_info=p["info"], **p["meta"])
     assert_close(expand(op, p, mid, bands), p["expected"], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tails", TAILS)
 @pytest.mark.parametrize("bands", PERMUTED_BANDS, ids=len)
-def test_permuted_batch(bands, layout, dtype):
-    p = setup(len(bands) + 10 * LAYOUTS.index(layout), dtype, bands, layout, permuted=True)
+def test_permuted_batch(bands, tails, dtype):
+    p = setup(len(bands) + 10 * TAILS.index(tails), dtype, bands, tails, permuted=True)
     mid = triton_ops.chunked_sgmv_lora_shrink_fwd(
         input_x=p["x"], weights=p["a"], stack_num=len(bands), num_segments=len(p["meta"]["weight_indices"]),
         permutation=p["permutation"], batch_info=p["info"], **p["meta"],
@@ -140,19 +138,20 @@ def test_permuted_batch(bands, layout, dtype):
     assert_close(expand("chunked_sgmv_lora_expand_fwd", p, mid, bands), p["expected"], dtype)
 
 
-def test_spaced_pool_with_real_ranks_is_wrong():
-    """The protection, and what removing it does: without padding, a slot below max_lora_rank reads
-    its slices at the packed offsets ``p * r`` of the spaced pool and gets wrong numbers."""
-    p = setup(3, torch.float32, (16, 8, 8), "spaced", permuted=False)
-    p["info"].lora_ranks = p["meta"]["lora_ranks"]  # real ranks on the spaced pool
+def test_padded_ranks_on_the_packed_pool_are_wrong():
+    """Why the kernels get the real ranks: a slot below max_lora_rank given ``max_lora_rank`` reads
+    its slices at ``p * max_lora_rank`` of the packed pool and gets wrong numbers."""
+    p = setup(3, torch.float32, (16, 8, 8), "zeroed", permuted=False)
+    real = p["meta"]["lora_ranks"]
+    p["info"].lora_ranks = torch.where(real > 0, MAX_RANK, 0).to(torch.int32)
     mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], stack_num=3, batch_info=p["info"], **p["meta"])
     error = (expand("qkv_lora_b_fwd", p, mid, (16, 8, 8)).double() - p["expected"]).abs().max()
     assert error > 0.1
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_embedding_lora_a(layout, dtype):
+@pytest.mark.parametrize("tails", TAILS)
+def test_embedding_lora_a(tails, dtype):
     rng = random.Random(7)
     vocab, ranks = 11, [0, 3, MAX_RANK]
     num_rows, seg_indptr, weight_indices, _ = random_batch(rng, NUM_SLOTS, permuted=False)
@@ -161,19 +160,12 @@ def test_embedding_lora_a(layout, dtype):
     reference_weights = weights.clone()
     for slot, rank in enumerate(ranks):
         reference_weights[slot, rank:] = 0
-    if layout == "spaced":
-        weights = reference_weights  # the pool zeroes the slot before a load
-    kernel_ranks = triton_ops.pad_lora_ranks(real, MAX_RANK) if layout == "spaced" else real
+    if tails == "zeroed":
+        weights = reference_weights  # the pool patch zeroes the slot before a load
     ids = torch.tensor([rng.randrange(vocab) for _ in range(num_rows)])
-    info = kernel_batch_info(seg_indptr, weight_indices, kernel_ranks, torch.ones(NUM_SLOTS), None)
+    info = sglang_batch_info(seg_indptr, weight_indices, real, torch.ones(NUM_SLOTS), None)
     out = triton_ops.embedding_lora_a_fwd(
         input_ids=ids, weights=weights, vocab_size=vocab, seg_indptr=seg_indptr, weight_indices=weight_indices,
         lora_ranks=real, batch_info=info,
     )
     assert_close(out, ref_embedding(ids, reference_weights, vocab, seg_indptr, weight_indices, real), dtype)
-
-
-def test_pad_lora_ranks_keeps_zero_and_fills_in_place():
-    out = torch.full((4,), -1, dtype=torch.int32)
-    result = triton_ops.pad_lora_ranks(torch.tensor([0, 3, 16, 0]), 16, out=out)
-    assert result is out and out.tolist() == [0, 16, 16, 0]

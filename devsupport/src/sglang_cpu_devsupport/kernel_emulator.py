@@ -7,8 +7,8 @@ kernels (sgl-kernel-xpu ``src/sycl/*Lora*.cpp``; shared/research kernels note se
 included:
 
 * GEMMs contract over the full ``max_rank`` and only range-check ``lora_ranks``, so an unzeroed
-  rank tail or a packed LoRA-A layout gives visibly wrong numbers; only the embedding op clamps the
-  rank;
+  rank tail, or a multi-slice expand given a shrink's packed output (slice ``p`` at ``p * r``, not
+  ``p * max_rank``), gives visibly wrong numbers; only the embedding op clamps the rank;
 * results go to the caller's ``output`` (``Tensor(a!) output`` first), ``base_output`` is only read;
 * the same argument checks: tensors contiguous, one value dtype per call, ``seg_indptr`` starting
   at 0 and ending at ``num_tokens``, slot and rank ranges, exact offsets and widest-band sizes, and

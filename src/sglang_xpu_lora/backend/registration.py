@@ -40,7 +40,7 @@ INTEL_XPU = LoRABackendSpec(
     runs_on_other_devices=_runs_on_device,
     other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
     preflight=_select_ops,
-    needs_max_rank_spaced_layout=True,
+    needs_zeroed_lora_slots=True,
 )
 
 

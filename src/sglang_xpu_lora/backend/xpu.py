@@ -6,14 +6,15 @@ The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is
 graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
 pass routing. It overrides every ``run_*`` method to route each call to one op of the provider
 selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLang's own Triton
-kernels, or the portable PyTorch ops. The only arithmetic here is placing a prefix-partition
-layer's result into its leading output columns (:func:`_onto_leading_columns`) and, for the Triton
-kernels on the spaced pool, padding the slots' ranks once per batch (:meth:`kernel_batch_info`).
+kernels, or the portable PyTorch ops. The only data movement here is placing a prefix-partition
+layer's result into its leading output columns (:func:`_onto_leading_columns`) and, before a
+native or portable multi-slice expand, moving the shrink output's slices to ``p * max_lora_rank``
+(:meth:`_expand_input`: one gather per layer, its index built once per batch).
 
-Pool layout: the native and portable ops need the max-rank-spaced pool; when every selected op is
-Triton (:attr:`needs_max_rank_spaced_layout` False) the pool keeps SGLang's packed layout. On the
-spaced pool the Triton kernels get each active slot's rank padded to ``max_lora_rank``, computed
-once per batch on the device (:meth:`kernel_batch_info`).
+Pool layout: SGLang's packed one for every provider (stacked LoRA-A slice ``p`` at row ``p * r``),
+and every provider gets each slot's real rank (SGLang's Triton kernels read only ``[0, r)``). The
+native and portable ops contract over the full ``max_lora_rank``, so when one is selected
+(:attr:`needs_zeroed_slots`) the plugin's pool patch zeroes each slot before it is loaded.
 
 What this backend does not compute: SGLang runs LoRA on MoE experts and the absorbed-MLA
 ``kv_b_proj`` correction itself, with its own Triton kernels, whatever ``SGLANG_XPU_LORA_KERNELS``
@@ -42,7 +43,6 @@ Routing (``info = self._sgemm_info(...)``):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Callable, Optional
 
@@ -53,7 +53,7 @@ from sglang.srt.runtime_context import LoRABatchLayout
 
 from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule, ChunkedRouting, chunk_segments, max_chunks
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops, triton_ops
+from sglang_xpu_lora.providers import capture_probe, native, select_ops, slice_layout, torch_ops
 from sglang_xpu_lora.providers.selection import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
 
@@ -70,9 +70,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     Requirements, declared in :data:`sglang_xpu_lora.backend.registration.INTEL_XPU`: device
     ``xpu`` unless ``SGLANG_XPU_LORA_KERNELS=torch`` (or the selected ops run on the device: a
     kernel build with CPU implementations, as the test emulator, or Triton), and, when a native or
-    portable op is selected, the max-rank-spaced, zero-tailed pool layout (stacked A slice ``p``
-    at row ``p * max_lora_rank``), which the plugin's pool patch provides for managers that use
-    this backend (:attr:`needs_max_rank_spaced_layout`).
+    portable op is selected, pool slots zeroed before each load (zero rank tails), which the
+    plugin's pool patch provides for managers that use this backend (:attr:`needs_zeroed_slots`).
 
     ``supports_dp_attention = False``: with DP attention SGLang routes TP-global sections through
     token-level global batch infos gathered across DP ranks; SGLang's XPU graph runner does not
@@ -96,14 +95,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
         self.op_selection = select_ops(device)
         #: Trial captures of native ops at graph set-up, with their per-process state (side stream,
-        #: private pool, verdicts): :mod:`sglang_xpu_lora.providers.capture_probe`.
+        #: verdicts): :mod:`sglang_xpu_lora.providers.capture_probe`.
         self.capture_probe = capture_probe.CaptureProbe()
         self._graph_verdicts: dict = {}
-        #: Whether the pool must be max-rank spaced (read by the plugin's pool patch).
-        self.needs_max_rank_spaced_layout = self.op_selection.needs_max_rank_spaced_layout
-        self._padded_ranks: Optional[torch.Tensor] = None  # persistent: captured graphs read its address
-        self._kernel_infos: dict = {}  # id(batch info) -> (batch info, its Triton-kernel copy)
+        #: Whether pool slots must be zeroed before each load (read by the plugin's pool patch).
+        self.needs_zeroed_slots = self.op_selection.needs_zeroed_slots
         self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
+        self._spacing_indices: dict = {}  # this batch's slice-spacing gather indices (:meth:`_spacing_index`)
         self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
         self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
@@ -145,9 +143,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         The earliest point the pool can be seen from here: SGLang builds the pool after the
         backend (``LoRAManager.__init__`` -> ``init_state``) and hands it to no backend method, so
         the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
-        :meth:`validate_lora_targets`. The layout is needed when any selected op contracts over
-        the full ``max_lora_rank`` (``needs_max_rank_spaced_layout``, from the op selection); a
-        no-op once checked. It is trusted only on proof from both pool hooks (:func:`has_spaced_layout`):
+        :meth:`validate_lora_targets`. Zeroed slots are needed when any selected op contracts over
+        the full ``max_lora_rank`` (``needs_zeroed_slots``, from the op selection); a no-op once
+        checked. They are trusted only on proof from both pool hooks (:func:`has_zeroed_slots`):
         SGLang's ``HookRegistry`` logs a hook it cannot apply and carries on, and
         ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so nothing else
         stands between a missing hook and wrong numbers.
@@ -155,19 +153,20 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         Raises:
             RuntimeError: naming what is missing and how to find out why.
         """
-        from sglang_xpu_lora.patches.mem_pool import has_spaced_layout
+        from sglang_xpu_lora.patches.mem_pool import has_zeroed_slots
 
         if not self._pool_check_pending:
             return
-        if self.needs_max_rank_spaced_layout and not has_spaced_layout(self.lora_memory_pool):
+        if self.needs_zeroed_slots and not has_zeroed_slots(self.lora_memory_pool):
             if self.lora_memory_pool is None:
-                why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool's layout is unknown"
+                why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool is unknown"
             else:
-                why = "the pool has SGLang's packed layout (the plugin's pool hooks did not both run)"
+                why = "the pool's loads are not zeroing its slots (the plugin's pool hooks did not both run)"
             raise RuntimeError(
-                f"--lora-backend {self.name} refuses to serve: its LoRA ops need the memory pool's "
-                "stacked LoRA-A spaced at --max-lora-rank with zeroed rank tails, but "
-                f"{why}. Run `sglang-xpu-lora doctor`, and look in the server log for "
+                f"--lora-backend {self.name} refuses to serve: its LoRA ops contract over --max-lora-rank "
+                "and need every memory-pool slot zeroed before an adapter is loaded into it (zero rank "
+                f"tails, nothing left of a previous tenant), but {why}. Run `sglang-xpu-lora doctor`, "
+                "and look in the server log for "
                 "'Failed to apply hooks' or '[sglang-xpu-lora]' lines."
             )
         self._pool_check_pending = False
@@ -213,8 +212,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
-        Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`),
-        so their routing is computed once per batch rather than once per op. The first batch after
+        Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`)
+        and for the slice-spacing indices (:meth:`_spacing_index`), so both are computed once per
+        batch rather than once per op. The first batch after
         the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
         self._check_memory_pool()
@@ -224,7 +224,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
-        self._prepare_kernel_infos()
+        self._spacing_indices.clear()
         self._prepare_routes()
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
@@ -233,43 +233,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
-        self._prepare_kernel_infos()
+        self._spacing_indices.clear()
         self._prepare_routes()
 
     def _batch_infos(self) -> list:
         """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
         infos = [self.batch_info, self.sgemm_batch_info, self.lm_head_batch_info, *(self.lm_head_pass_batch_infos or ())]
         return list({id(info): info for info in infos if info is not None}.values())
-
-    def _prepare_kernel_infos(self) -> None:
-        """Once per batch, when Triton ops run on the spaced pool: pad the slots' ranks to
-        ``max_lora_rank`` on the device (:func:`triton_ops.pad_lora_ranks`, into a persistent
-        buffer) and make each batch info's copy that carries them."""
-        self._kernel_infos = {}
-        if not self.op_selection.uses_triton or not self.needs_max_rank_spaced_layout:
-            return
-        if self.lora_memory_pool is None:
-            raise RuntimeError(
-                "intel_xpu: the LoRA pool is unknown (the plugin's memory-pool patch hands it over); "
-                "the Triton kernels cannot be given ranks for a max-rank-spaced pool"
-            )
-        if self._padded_ranks is None:
-            self._padded_ranks = torch.zeros(self.max_loras_per_batch, dtype=torch.int32, device=self.device)
-        ranks = self.batch_info.lora_ranks[: self.max_loras_per_batch]
-        triton_ops.pad_lora_ranks(ranks, self.lora_memory_pool.max_lora_rank, out=self._padded_ranks)
-        for info in self._batch_infos():
-            self._kernel_infos[id(info)] = (info, dataclasses.replace(info, lora_ranks=self._padded_ranks))
-
-    def kernel_batch_info(self, info: LoRABatchInfo) -> LoRABatchInfo:
-        """``info`` as SGLang's Triton kernels need it on this pool: with every active slot's rank
-        padded to ``max_lora_rank`` on the spaced pool (prepared once per batch), as is on SGLang's
-        packed pool."""
-        if not self._kernel_infos:
-            return info
-        entry = self._kernel_infos.get(id(info))
-        if entry is None or entry[0] is not info:  # a view not prepared with the batch: same slots, same ranks
-            entry = self._kernel_infos[id(info)] = (info, dataclasses.replace(info, lora_ranks=self._padded_ranks))
-        return entry[1]
 
     def _int32_lora_ranks(self) -> None:
         """SGLang's eager paths make ``lora_ranks`` int64 (its graph buffers are int32); the
@@ -301,7 +271,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         return route
 
     def _make_route(self, info: LoRABatchInfo) -> BatchRoute:
-        kernel_info = self.kernel_batch_info(info)
+        kernel_info = info  # SGLang's Triton kernels read the batch info as is: real ranks on the packed pool
         chunked = None
         if info.permutation is not None and (
             self._graph_chunks is not None if info.use_cuda_graph else self._may_chunk(False, info.max_len)
@@ -340,6 +310,33 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             if not capturing(offsets.device):
                 self._slice_offsets[(num_slices, slice_size)] = offsets
         return offsets
+
+    def _expand_input(self, lora_a_output: torch.Tensor, expand_op: str, num_slices: int, info: LoRABatchInfo) -> torch.Tensor:
+        """A shrink's output (packed: slice ``p`` at column ``p * rank``) as expand ``expand_op``
+        reads it: for a native or portable expand of more than one slice, moved to columns
+        ``p * max_lora_rank`` with zero rank tails (one gather, :func:`slice_layout.spaced_slices`);
+        for SGLang's Triton expands and one-slice expands, as it is."""
+        if num_slices == 1 or not self.op_selection.reads_spaced_slices(expand_op, info.use_cuda_graph):
+            return lora_a_output
+        return slice_layout.spaced_slices(lora_a_output, self._spacing_index(info, lora_a_output, num_slices))
+
+    def _spacing_index(self, info: LoRABatchInfo, lora_a_output: torch.Tensor, num_slices: int) -> torch.Tensor:
+        """:func:`slice_layout.spacing_index` of ``info``'s batch for ``lora_a_output``'s rows, built
+        at its first use in a batch and reused by every later layer (forgotten when the next batch
+        is prepared). One built while a graph is being captured is kept apart from eager ones: it
+        is part of the graph, recomputed from the graph's batch-info buffers at every replay."""
+        num_rows = lora_a_output.shape[0]
+        key = (id(info), num_rows, num_slices, capturing(lora_a_output.device))
+        entry = self._spacing_indices.get(key)
+        if entry is None or entry[0] is not info:
+            permutation = None if info.permutation is None else info.permutation[:num_rows]
+            index = slice_layout.spacing_index(
+                info.seg_indptr, info.weight_indices, info.lora_ranks, num_rows, num_slices,
+                lora_a_output.shape[1] // num_slices, permutation,
+            )
+            entry = self._spacing_indices[key] = (info, index)  # keeps ``info`` alive, so its id stays valid
+        return entry[1]
+
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 
@@ -427,11 +424,16 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         output_offset: (n_slices + 1,) device int32 band boundaries; max_qkv_out_dim: widest band.
         Returns (s, sum of bands).
         """
-        route = self._route(self._sgemm_info())
-        lora_a_output = route.shrink(x, qkv_lora_a, n_slices)
+        info = self._sgemm_info()
+        route = self._route(info)
+        fused_qkv = not route.permuted and n_slices == 3  # else the chunked expand
+        lora_a_output = self._expand_input(
+            route.shrink(x, qkv_lora_a, n_slices),
+            "qkv_lora_b_fwd" if fused_qkv else "chunked_sgmv_lora_expand_fwd", n_slices, info,
+        )
 
         def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
-            if not route.permuted and n_slices == 3:
+            if fused_qkv:
                 return route.ops.qkv_lora_b_fwd(
                     input_x=lora_a_output,
                     qkv_lora_b=qkv_lora_b,
@@ -455,8 +457,12 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     ) -> torch.Tensor:
         """Fused gate/up with two equal bands. x: (s, K); A: (L, 2R, K); B: (L, 2N, R) -> (s, 2N)."""
         output_dim = gate_up_lora_b.shape[-2] // 2
-        route = self._route(self._sgemm_info())
-        lora_a_output = route.shrink(x, gate_up_lora_a, 2)
+        info = self._sgemm_info()
+        route = self._route(info)
+        lora_a_output = self._expand_input(
+            route.shrink(x, gate_up_lora_a, 2),
+            "chunked_sgmv_lora_expand_fwd" if route.permuted else "gate_up_lora_b_fwd", 2, info,
+        )
 
         def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
             if not route.permuted:

@@ -8,9 +8,9 @@ validation             ``arg_groups.lora_hook.check_lora_server_args`` (AFTER): 
                        naming ``--lora-backend`` and ``--device``. Remove when backends can
                        validate their own arguments.
 mem_pool               ``LoRAManager.init_memory_pool`` and
-                       ``LoRAMemoryPool.load_lora_weight_to_buffer`` (AROUND): max-rank-spaced,
-                       zeroed slots for backends that declare it. Remove when SGLang offers the
-                       layout.
+                       ``LoRAMemoryPool.load_lora_weight_to_buffer`` (AROUND): slots zeroed
+                       before each load for backends that declare it. Remove when SGLang zeroes
+                       dense slots itself.
 adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validate_new_adapter`` and
                        ``_load_lora_adapter[_from_tensors]`` (AROUND),
                        ``LoRAAdapter._normalize_weights`` (BEFORE): every ``adapter_config.json`` field honoured

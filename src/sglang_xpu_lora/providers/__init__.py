@@ -6,6 +6,9 @@ Providers, one module each, all with the seven ops of :mod:`.base`:
 * :mod:`.triton_ops`: SGLang's own Triton LoRA kernels (``sglang.kernels.ops.lora.dense``);
 * :mod:`.torch_ops`: portable PyTorch ops, on any device.
 
+All of them read SGLang's packed pool at each slot's real rank; :mod:`.slice_layout` moves a
+shrink's slices to where the native and portable multi-slice expands read them.
+
 :mod:`.selection` chooses one per op, outside and inside graphs, from ``SGLANG_XPU_LORA_KERNELS``
 (``auto``, ``native``, ``triton``, ``torch``), the installed kernel build and the serving device;
 ``sglang-xpu-lora doctor`` shows the result with the reason for each choice.

@@ -7,15 +7,23 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   non-decreasing; empty segments are allowed. Rows at or past ``seg_indptr[-1]`` belong to no
   segment and receive no LoRA contribution.
 * ``weight_indices``: ``(num_segments,)`` int32, the pool slot of each segment.
-* ``lora_ranks``: ``(max_loras,)``, the rank of each slot. The caller must keep rank tails zero
-  (A rows and B columns at or past the adapter's rank): the native GEMM ops (and the portable ones
-  routed on the device) contract over the full ``max_rank`` without reading it, the portable ops
-  routed on the host contract over each slot's rank; only the embedding op masks the rank tail.
+* ``lora_ranks``: ``(max_loras,)``, the real rank ``r`` of each slot. The caller must keep rank
+  tails zero (A rows from ``stack_num * r`` on, B columns from ``r`` on; the plugin's pool patch
+  zeroes each slot before a load): the native GEMM ops (and the portable ones routed on the
+  device) contract over the full ``max_rank`` without reading it, the portable ops routed on the
+  host contract over each slot's rank, SGLang's Triton kernels read only ``[0, r)``; only the
+  embedding op masks the rank tail.
 * ``scalings``: ``(max_loras,)`` float32, ``lora_alpha / r`` per slot, applied in the B (expand) stage.
 * ``permutation`` (chunked ops): ``(num_tokens,)`` int32 logical-to-physical row map; segments then
   describe logical order. ``None`` means segments are in physical row order.
-* Stacked A weights hold slice ``p`` at rows ``[p * max_rank, (p + 1) * max_rank)``; the
-  intermediate ``x`` of a B op holds slice ``p`` at columns ``[p * max_rank, (p + 1) * max_rank)``.
+* Stacked A weights are SGLang's packed layout: a rank-``r`` slot holds slice ``p`` at rows
+  ``[p * r, (p + 1) * r)``. Every shrink computes ``x @ A^T`` over all ``stack_num * max_rank``
+  rows, so its output is packed the same way (slice ``p`` at columns ``[p * r, (p + 1) * r)``,
+  zero from ``stack_num * r`` on). One-slice B ops read that as it is. The multi-slice B ops
+  (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``, ``chunked_sgmv_lora_expand_fwd`` with
+  ``num_slices > 1``) differ by provider: SGLang's Triton kernels read the packed output, the
+  native and portable ones read slice ``p`` at columns ``[p * max_rank, (p + 1) * max_rank)``, as
+  :func:`.slice_layout.spaced_slices` lays it out (the backend calls it between the two).
 * Results are new tensors; ``base_output`` is read, never written. Exception: the Triton provider
   (:mod:`.triton_ops`) adds into ``base_output`` in place and returns it, as SGLang's kernels do, so
   callers use the returned tensor.

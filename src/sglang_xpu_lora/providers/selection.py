@@ -20,9 +20,12 @@ Pairing: a Triton shrink leaves rows of rank-0 slots and columns past a slot's r
 which only SGLang's Triton expands skip (:mod:`.triton_ops`), so every expand fed by a Triton
 shrink is served by Triton too.
 
-Pool layout: the native and portable ops need the max-rank-spaced pool; when every op of both
-tables is Triton the pool keeps SGLang's packed layout
-(:attr:`OpSelection.needs_max_rank_spaced_layout`).
+Pool layout: one for every provider, SGLang's packed one (stacked LoRA-A slice ``p`` at row
+``p * r``), and every provider runs at each adapter's real rank. The native and portable ops
+contract over the full ``max_lora_rank``, so they need each slot zeroed before it is loaded
+(:attr:`OpSelection.needs_zeroed_slots`); their multi-slice expands read each slice at
+``p * max_lora_rank``, which the backend provides with one gather per layer
+(:meth:`OpSelection.reads_spaced_slices`, :mod:`.slice_layout`).
 """
 
 from __future__ import annotations
@@ -155,10 +158,18 @@ class OpSelection:
         return any(c.provider == "triton" for c in self._all_choices())
 
     @property
-    def needs_max_rank_spaced_layout(self) -> bool:
+    def needs_zeroed_slots(self) -> bool:
         """Whether any op, eager or in graphs, is native or portable: those contract over the full
-        ``max_lora_rank`` and need the max-rank-spaced, zero-tailed pool layout."""
+        ``max_lora_rank``, so every pool slot must be zeroed before an adapter is loaded into it
+        (zero rank tails, nothing left of a previous tenant)."""
         return any(c.provider != "triton" for c in self._all_choices())
+
+    def reads_spaced_slices(self, op: str, use_graph: bool) -> bool:
+        """Whether expand ``op``, as this selection serves it outside (``use_graph`` False) or
+        inside graphs, reads a multi-slice input with slice ``p`` at columns ``p * max_lora_rank``
+        (native and portable expands) rather than SGLang's packed ``p * rank`` (Triton's)."""
+        chosen = self.graph_choices if use_graph else self.choices
+        return chosen[op].provider != "triton"
 
 
 def _ignoring_batch_info(fn: Callable) -> Callable:

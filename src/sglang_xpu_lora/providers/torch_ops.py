@@ -14,10 +14,12 @@ Each batch's routing is computed once and reused by every layer after :func:`beg
 
 Common semantics: rows that belong to no segment get no LoRA contribution; ``scalings`` is applied
 in fp32 after the expand GEMM, then ``base_output`` is added and the sum cast to ``input_x.dtype``.
-The GEMM ops need zero rank tails (A rows and B columns at or past a slot's ``lora_ranks`` entry,
-the pool's layout contract): the device routing contracts over the full ``max_rank``, as the XPU
-kernels do, the host routing over each slot's rank. A row reads only its own slot's weights,
-whatever the other slots hold (NaN and Inf included).
+The GEMM ops need zero rank tails (A rows from ``stack_num * r`` and B columns from ``r`` on, ``r`` a
+slot's ``lora_ranks`` entry: the pool's contract): the device routing contracts over the full
+``max_rank``, as the XPU kernels do, the host routing over each slot's rank. Stacked A is SGLang's
+packed layout and a shrink's output is packed the same way; the multi-slice B ops read slice ``p``
+of their input at columns ``p * max_rank``, as the XPU kernels do (:mod:`.base`). A row reads only
+its own slot's weights, whatever the other slots hold (NaN and Inf included).
 
 Raises ``ValueError`` for shape mismatches that can be checked without reading index tensors.
 Index contents (slot ids, offsets) are trusted, as in a kernel.
@@ -186,10 +188,12 @@ def sgemm_lora_a_fwd(
 
     Args:
         input_x: (T, K).
-        weights: (L, stack_num * max_rank, K), dtype of input_x; slice p at rows p * max_rank.
+        weights: (L, stack_num * max_rank, K), dtype of input_x; a rank-r slot's slice p at rows
+            p * r (SGLang's packed layout), zero from stack_num * r on.
         stack_num: number of stacked slices (> 0, divides weights.size(1)).
     Returns:
-        (T, stack_num * max_rank), dtype of input_x; zero rows outside every segment.
+        (T, stack_num * max_rank), dtype of input_x, packed like the weights (slice p at columns
+        p * r); zero rows outside every segment.
     Source: sgl-kernel-xpu ``sgemm_lora_a_fwd`` (``src/sycl/SGEMMLoraAFwd.cpp``).
     """
     _check(stack_num > 0 and weights.shape[1] % stack_num == 0, "weights.size(1) must be a multiple of stack_num > 0")
@@ -238,7 +242,8 @@ def qkv_lora_b_fwd(
     """Segmented expand for fused q/k/v: band p of the output uses column band p of input_x.
 
     Args:
-        input_x: (T, 3 * max_rank). qkv_lora_b: (L, N_q + 2 * N_kv, max_rank).
+        input_x: (T, 3 * max_rank), slice p at columns p * max_rank.
+        qkv_lora_b: (L, N_q + 2 * N_kv, max_rank).
         output_offset: (4,) int tensor ``[0, N_q, N_q + N_kv, N_q + 2 * N_kv]`` on the device; read
             on the device only. max_qkv_out_dim: the widest band (trusted, as by the kernel).
     Returns:
@@ -267,7 +272,8 @@ def gate_up_lora_b_fwd(
     """Segmented expand for fused gate/up: two equal bands of width ``output_dim``.
 
     Args:
-        input_x: (T, 2 * max_rank). gate_up_lora_b: (L, 2 * output_dim, max_rank).
+        input_x: (T, 2 * max_rank), slice p at columns p * max_rank.
+        gate_up_lora_b: (L, 2 * output_dim, max_rank).
     Returns:
         A new (T, 2 * output_dim) tensor in input_x's dtype.
     Source: sgl-kernel-xpu ``gate_up_lora_b_fwd`` (``src/sycl/GateUpLoraBFwd.cpp``).
@@ -325,7 +331,8 @@ def chunked_sgmv_lora_expand_fwd(
     """Chunked-SGMV expand over ``num_slices`` bands given by ``slice_offsets``.
 
     Args:
-        input_x: (T, num_slices * max_rank), physical order. weights: (L, N_total, max_rank).
+        input_x: (T, num_slices * max_rank), physical order, slice p at columns p * max_rank.
+            weights: (L, N_total, max_rank).
         slice_offsets: (num_slices + 1,) device int tensor, ``[0, ..., N_total]``; read on the
             device only. max_slice_size: the widest band (trusted, as by the kernel).
         permutation: optional (T,) logical-to-physical map; None means physical order.

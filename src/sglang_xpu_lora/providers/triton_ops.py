@@ -6,14 +6,12 @@ The kernels take SGLang's ``LoRABatchInfo`` rather than loose index tensors: bes
 host-side launch bounds ``bs`` and ``max_len``, ``seg_lens`` and ``use_cuda_graph``. Every op here
 therefore takes the interface's arguments plus the keyword ``batch_info`` and reads the batch from
 it alone; the loose index arguments are accepted so that the backend calls every provider the same
-way, and must describe the same batch. ``IntelXpuLoRABackend`` builds that ``batch_info`` once per
-batch (:meth:`~sglang_xpu_lora.backend.xpu.IntelXpuLoRABackend.kernel_batch_info`).
+way, and must describe the same batch: ``IntelXpuLoRABackend`` passes the batch info SGLang's
+Triton backend prepared.
 
-Ranks and the pool layout. The kernels contract over each slot's ``lora_ranks`` entry and read
-stacked LoRA-A slice ``p`` at row ``p * rank`` (the packed layout SGLang's pool writes). On the
-plugin's max-rank-spaced pool (slice ``p`` at ``p * max_lora_rank``, zero rank tails) they are exact
-when given every active slot's rank padded to ``max_lora_rank`` (0 stays 0):
-:func:`pad_lora_ranks`. On SGLang's packed pool they take the real ranks.
+Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
+stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
+``p * rank``: SGLang's packed layout, the pool layout of every provider (:mod:`.slice_layout`).
 
 Mapping of the interface's ops to SGLang's kernels (as in ``TritonLoRABackend``): the shrink ops
 (contiguous and permuted) both run ``sgemm_lora_a_fwd``, which follows ``batch_info.permutation``;
@@ -46,25 +44,6 @@ from typing import Optional
 import torch
 
 name = "triton"
-
-
-def pad_lora_ranks(lora_ranks: torch.Tensor, max_lora_rank: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Per-slot ranks for the max-rank-spaced pool: ``max_lora_rank`` where ``lora_ranks > 0``, else 0.
-
-    Args:
-        lora_ranks: ``(max_loras,)`` integer ranks on the device.
-        max_lora_rank: the pool's ``max_lora_rank``.
-        out: optional ``(max_loras,)`` int32 buffer to fill in place (a persistent buffer keeps the
-            address a captured graph reads).
-
-    Returns:
-        ``(max_loras,)`` int32, on ``lora_ranks``' device; computed with device kernels only (no
-        host synchronisation, capture-safe).
-    """
-    padded = (lora_ranks > 0).to(torch.int32) * max_lora_rank
-    if out is None:
-        return padded
-    return out.copy_(padded)
 
 
 @functools.cache

@@ -23,11 +23,11 @@ class LoRABackendSpec:
         validation when the backend is selected (before any process starts); it raises
         ``ValueError`` or ``RuntimeError`` with an actionable message when the backend cannot start
         (e.g. a required kernel is missing, or its kernels cannot run on that device).
-    :param needs_max_rank_spaced_layout: the backend's kernels (may) read stacked LoRA-A slice ``p``
-        at row ``p * max_lora_rank`` and contract over the full rank, so the memory pool must space
-        slices at ``max_lora_rank`` and zero rank tails (see :mod:`sglang_xpu_lora.patches.mem_pool`).
-        A backend instance may refine it with a bool attribute of the same name (``intel_xpu``
-        does, from the ops it selected).
+    :param needs_zeroed_lora_slots: the backend's kernels (may) contract over the full
+        ``max_lora_rank``, so the memory pool must zero each slot before an adapter is loaded into
+        it: zero rank tails, nothing left of a previous tenant (see
+        :mod:`sglang_xpu_lora.patches.mem_pool`). A backend instance may refine it with a bool
+        attribute ``needs_zeroed_slots`` (``intel_xpu`` does, from the ops it selected).
     """
 
     name: str
@@ -36,7 +36,7 @@ class LoRABackendSpec:
     runs_on_other_devices: Optional[Callable[[Optional[str]], bool]] = None
     other_devices_hint: str = ""
     preflight: Optional[Callable[[Optional[str]], object]] = None
-    needs_max_rank_spaced_layout: bool = False
+    needs_zeroed_lora_slots: bool = False
 
     def device_error(self, device: Optional[str]) -> Optional[str]:
         """The validation error for running on ``device``, or None when it is allowed.

@@ -32,8 +32,6 @@ RESOLVING_VIEW = "sglang.srt.arg_groups.overrides.resolving_view"
 LORA_MANAGER_INIT_MEMORY_POOL = "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"
 POOL_LOAD_WEIGHTS = "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"
 POOL_CLEAR_SLOT = "sglang.srt.lora.mem_pool.LoRAMemoryPool._clear_buffer_slot_for_base"
-POOL_IS_MOE_MODULE = "sglang.srt.lora.mem_pool.LoRAMemoryPool.is_moe_module"
-GET_STACKED_MULTIPLY = "sglang.srt.lora.utils.get_stacked_multiply"
 
 # Adapter checks at load (patches/adapter_checks.py).
 LORA_MANAGER_VALIDATE_NEW_ADAPTER = "sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter"
@@ -101,8 +99,6 @@ ALL = (
     LORA_MANAGER_INIT_MEMORY_POOL,
     POOL_LOAD_WEIGHTS,
     POOL_CLEAR_SLOT,
-    POOL_IS_MOE_MODULE,
-    GET_STACKED_MULTIPLY,
     LORA_MANAGER_VALIDATE_NEW_ADAPTER,
     LORA_MANAGER_LOAD_ADAPTER,
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS,
@@ -189,7 +185,7 @@ REQUIRED_ATTRIBUTES = {
     HOOK_REGISTRY: ("register",),
     HOOK_TYPE: ("AROUND", "AFTER", "BEFORE"),
     LORA_MANAGER: ("base_model", "lora_backend", "memory_pool", "configs", "loras"),
-    LORA_MEMORY_POOL: ("max_lora_rank", "base_model", "A_buffer", "is_moe_module", "_clear_buffer_slot_for_base"),
+    LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
     LORA_ADAPTER: ("config", "base_model", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules"),
@@ -236,7 +232,7 @@ REQUIRED_SOURCE = (
     (
         POOL_LOAD_WEIGHTS,
         "target_buffer[buffer_id, : lora_rank * c, :]",
-        "the pool patch re-spaces stacked LoRA-A that SGLang writes packed at stride r",
+        "every provider reads stacked LoRA-A packed at stride r (the backend re-spaces shrink outputs for the native expands)",
     ),
     (
         LORA_ADAPTER_INITIALIZE_WEIGHTS,

@@ -8,10 +8,9 @@ costs ``n`` GEMMs per slice, not ``T`` (SGLang's ``torch_native`` issues one per
 output is written once: on a CPU these ops are bound by memory traffic, not FLOPs.
 
 Runs also carry their slot's rank, read from ``lora_ranks`` on the host, and the GEMMs contract
-over it rather than over the pool's ``max_rank`` (the shrink only where that saves more than the
-extra GEMM calls cost): the rank tail is zero (the pool's layout contract), so the result is the
-same and an adapter below ``--max-lora-rank`` costs its own rank, as in SGLang's ``torch_native``
-backend. A run of a rank-0 slot (the base model's) does no GEMM.
+over it rather than over the pool's ``max_rank``: the rank tail is zero (the pool's contract), so
+the result is the same and an adapter below ``--max-lora-rank`` costs its own rank, as in SGLang's
+``torch_native`` backend. A run of a rank-0 slot (the base model's) does no GEMM.
 Rows outside every run get zero (or ``base_output``); a slot's weights are read by its runs only.
 """
 
@@ -89,47 +88,31 @@ def tile(bands: Sequence[tuple[int, int]], width: int) -> bool:
     return edges[0] == 0 and edges[-1] == width and all(a == b for a, b in zip(edges[1:-1:2], edges[2::2]))
 
 
-#: A shrink run below ``max_rank`` contracts over its own rank (one GEMM per slice) when that saves
-#: more than this many multiply-adds; below it, one GEMM over all slices costs less than the calls.
-REAL_RANK_MIN_SAVING = 1 << 19
-
-
 def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int) -> torch.Tensor:
-    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: GEMMs per run, written to its rows.
+    """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: one GEMM per run, over its rank.
 
-    x: (T, K); weights: (L, S * R, K), slice ``p`` at rows ``[p * R, (p + 1) * R)``. Returns
-    (T, S * R) in x's dtype. A run is one GEMM over all slices, or, below ``R`` when it saves more
-    than :data:`REAL_RANK_MIN_SAVING` multiply-adds, one GEMM per slice over the slice's first
-    ``rank`` rows (views of the pool, no copy), its rank tails left zero; a rank-0 run is none. A
-    permuted run's rows are gathered once and its results scattered once.
+    x: (T, K); weights: (L, S * R, K) in SGLang's packed layout (a rank-``r`` slot's slice ``p`` at
+    rows ``[p * r, (p + 1) * r)``). Returns (T, S * R) in x's dtype, packed the same way: a run's
+    GEMM covers the first ``S * r`` rows of its slot (a view of the pool, no copy) and its columns
+    from ``S * r`` on are zero; a rank-0 run is none. A permuted run's rows are gathered once and
+    its results scattered once.
     """
-    num_rows, hidden, width = x.shape[0], x.shape[1], weights.shape[1]
+    num_rows, width = x.shape[0], weights.shape[1]
     max_rank = width // num_slices
-    plans = []
+    full = all(rank == max_rank for _, _, rank in batch.runs) and batch.covers(num_rows)
+    out = x.new_empty((num_rows, width)) if full else x.new_zeros((num_rows, width))
     for rows, slot, rank in batch.runs:
-        run_rows = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
-        if run_rows * hidden * num_slices * (max_rank - rank) <= REAL_RANK_MIN_SAVING and rank > 0:
-            rank = max_rank  # the zero tail costs less than the extra GEMM calls
-        plans.append((rows, slot, rank))
-    full = all(rank == max_rank for _, _, rank in plans)
-    out = x.new_empty((num_rows, width)) if full and batch.covers(num_rows) else x.new_zeros((num_rows, width))
-    for rows, slot, rank in plans:
         if rank == 0:
             continue
-        if rank == max_rank:
-            blocks = [(slice(0, width), weights[slot])]
-        else:
-            starts = range(0, width, max_rank)
-            blocks = [(slice(start, start + rank), weights[slot, start : start + rank]) for start in starts]
+        columns = slice(0, num_slices * rank)
+        a = weights[slot, columns]
         if isinstance(rows, slice):
-            x_run, run_out = x[rows], out[rows]
-        else:
-            x_run = x.index_select(0, rows)
-            run_out = x.new_empty((x_run.shape[0], width)) if rank == max_rank else x.new_zeros((x_run.shape[0], width))
-        for columns, a in blocks:
-            torch.mm(x_run, a.t(), out=run_out[:, columns])
-        if not isinstance(rows, slice):
-            out.index_copy_(0, rows, run_out)
+            torch.mm(x[rows], a.t(), out=out[rows, columns])
+            continue
+        x_run = x.index_select(0, rows)
+        run_out = x.new_empty((x_run.shape[0], width)) if rank == max_rank else x.new_zeros((x_run.shape[0], width))
+        torch.mm(x_run, a.t(), out=run_out[:, columns])
+        out.index_copy_(0, rows, run_out)
     return out
 
 
