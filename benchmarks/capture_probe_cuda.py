@@ -46,36 +46,18 @@ BUILDS = {"full": "triton", "full-syncfree": "native"}  # build -> provider expe
 SLOTS, MAX_RANK, REAL_RANK, ADAPTERS = 8, 64, 16, 4
 
 
-def layer(ops, case, info) -> dict:
-    """One layer's LoRA outputs through op table ``ops``, called with keywords as
-    ``IntelXpuLoRABackend`` routes them: a permuted (decode) batch through the chunked shrink and
-    expand, a contiguous one through ``sgemm_lora_a_fwd`` and the B op of the slice count."""
+def layer(selection, use_graph: bool, case, info) -> dict:
+    """One layer's LoRA outputs through ``selection``'s graph or eager table, routed as
+    ``IntelXpuLoRABackend`` routes them (:meth:`benchmarks.ops.Case.run_module`: the shrink's
+    slices re-spaced for the expands that read them at ``max_lora_rank``)."""
     from sglang_xpu_lora.providers import torch_ops
 
     torch_ops.begin_batch()
-    outputs = {}
-    for name, (a, b, outs) in case.weights.items():
-        n = len(outs)
-        meta = dict(seg_indptr=case.seg_indptr, weight_indices=case.weight_indices, lora_ranks=case.ranks, batch_info=info)
-        x, offsets = case.inputs[name], case.offsets[name]
-        if case.permutation is not None:
-            mid = ops.chunked_sgmv_lora_shrink_fwd(input_x=x, weights=a, stack_num=n, num_segments=SLOTS,
-                                                   permutation=case.permutation, **meta)
-            outputs[name] = ops.chunked_sgmv_lora_expand_fwd(
-                input_x=mid, weights=b, slice_offsets=offsets, max_slice_size=max(outs), num_slices=n, num_segments=SLOTS,
-                permutation=case.permutation, base_output=None, scalings=case.scalings, **meta,
-            )
-            continue
-        mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=n, **meta)
-        if n == 3:
-            outputs[name] = ops.qkv_lora_b_fwd(input_x=mid, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs),
-                                               base_output=None, scalings=case.scalings, **meta)
-        elif n == 2:
-            outputs[name] = ops.gate_up_lora_b_fwd(input_x=mid, gate_up_lora_b=b, output_dim=outs[0], base_output=None,
-                                                   scalings=case.scalings, **meta)
-        else:
-            outputs[name] = ops.sgemm_lora_b_fwd(input_x=mid, weights=b, base_output=None, scalings=case.scalings, **meta)
-    return outputs
+    table = selection.for_graph(use_graph)
+    return {
+        name: case.run_module(table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info)
+        for name in case.weights
+    }
 
 
 def relative(got: dict, expected: dict) -> float:
@@ -88,8 +70,6 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
     on a Llama-3.1-8B layer (``quick``: a tiny layer)."""
     from benchmarks.common import MODELS
     from benchmarks.ops import TINY, Case, reference_output
-    from sglang_xpu_lora.providers import triton_ops
-
     tokens = 64 if mode == "decode" else 1024
     model = TINY if quick else MODELS["llama-3.1-8b"]
     case, other = (Case(model, MAX_RANK, ADAPTERS, tokens, mode, torch.bfloat16 if device.type == "cuda" else torch.float32,
@@ -100,18 +80,17 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
     if selection.uses_triton:
         from benchmarks.triton_peers import dense_batch_info
 
-        info = dense_batch_info(case, triton_ops.pad_lora_ranks(case.ranks, MAX_RANK))  # the spaced pool
-    table = selection.graph
+        info = dense_batch_info(case)  # real ranks on SGLang's packed pool
     result = {"mode": mode, "tokens": tokens, "graph_ops": sorted({c.provider for c in selection.graph_choices.values()})}
     if device.type == "cuda":
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            layer(table, case, info)  # warm-up outside the capture
+            layer(selection, True, case, info)  # warm-up outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            captured = layer(table, case, info)
+            captured = layer(selection, True, case, info)
         for attr in ("seg_indptr", "weight_indices") + (("permutation",) if mode == "decode" else ()):
             getattr(case, attr).copy_(getattr(other, attr))  # the next batch, in place
         for name in case.inputs:
@@ -122,10 +101,10 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
         torch.cuda.synchronize()
         replayed = {name: out.clone() for name, out in captured.items()}
     else:
-        replayed = layer(table, case, info)
+        replayed = layer(selection, True, case, info)
     reference = {name: reference_output(case, name) for name in case.weights}
-    result["replay_vs_eager"] = relative(replayed, layer(table, case, info))  # the same ops, eagerly
-    result["replay_vs_eager_ops"] = relative(replayed, layer(selection.eager, case, info))  # the ops outside graphs
+    result["replay_vs_eager"] = relative(replayed, layer(selection, True, case, info))  # the same ops, eagerly
+    result["replay_vs_eager_ops"] = relative(replayed, layer(selection, False, case, info))  # the ops outside graphs
     result["vs_float64"] = relative(replayed, reference)
     result["ok"] = result["replay_vs_eager"] <= 1e-3 and result["replay_vs_eager_ops"] <= 2e-2 and result["vs_float64"] <= 2e-2
     return result

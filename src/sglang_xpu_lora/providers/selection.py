@@ -224,10 +224,12 @@ def _pair_triton_shrinks(choices: dict) -> None:
 
 
 #: Eager decode: serve the permuted ops by SGLang's Triton kernels rather than native ops that
-#: synchronise with the host (not shown sync-free by a trial capture), where Triton runs. Off until the
-#: sync-cost measurement on an Intel GPU says the syncs lose (docs/performance.md, "Host syncs in
-#: eager decode"; benchmarks/sync_cost.py stands them in on CUDA).
-EAGER_DECODE_PREFERS_TRITON = False
+#: synchronise with the host (not shown sync-free by a trial capture), where Triton runs. On by
+#: evidence: the host reads of the sgl-kernel-xpu decode ops (21 per LoRA module), stood in on an
+#: H200, make a Llama-3.1-8B decode step 2.8-5.2x as long as the sync-free Triton path at 1-256
+#: tokens (benchmarks/results/sync-cost-cuda.md; docs/performance.md, "Host syncs in eager
+#: decode"). ``examples/xpu/measure.sh`` measures the same trade-off on an Intel GPU.
+EAGER_DECODE_PREFERS_TRITON = True
 #: The permuted (decode) ops that rule covers.
 DECODE_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 
