@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from lora_helpers import forward_batch, lora_reference, packed_lora_a, spaced_weights
+from lora_helpers import forward_batch, lora_reference, pool_weights
 
 MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
@@ -85,8 +85,7 @@ def run_modules(backend, x, seed=0):
     """Each module through the backend's run_* method, with its float64 reference."""
     outputs = []
     for k, (module, bands) in enumerate(MODULES):
-        a, b = spaced_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)
-        packed = packed_lora_a(a, RANKS, len(bands), RANK)
+        packed, b = pool_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)
         if module == "qkv":
             offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
             out = backend.run_qkv_lora(x=x, qkv_lora_a=packed, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8)
@@ -94,7 +93,7 @@ def run_modules(backend, x, seed=0):
             out = backend.run_gate_up_lora(x=x, gate_up_lora_a=packed, gate_up_lora_b=b)
         else:
             out = backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, packed), weights=b)
-        outputs.append((out, a, b, bands))
+        outputs.append((out, packed, b, bands))
     return outputs
 
 
@@ -127,7 +126,7 @@ def test_eager_decode_both_kernel_branches_are_exact(triton_backend, kernel_call
     x = torch.randn(len(slots), HIDDEN)
     kernel_calls.clear()
     for out, a, b, bands in run_modules(backend, x):
-        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANK), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
     assert kernel_calls == kernels
 
 
@@ -149,7 +148,7 @@ def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend,
     x = torch.randn(24, HIDDEN)  # the 5 live rows, run at a captured size of 24
     kernel_calls.clear()
     for out, a, b, bands in run_modules(backend, x, seed=3):
-        torch.testing.assert_close(out[:5].double(), lora_reference(x[:5], a, b, bands, live, SCALINGS, RANK), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[:5].double(), lora_reference(x[:5], a, b, bands, live, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
         assert torch.count_nonzero(out[5:]) == 0
     assert kernel_calls == kernels
 
