@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from sglang_xpu_lora import providers
-from sglang_xpu_lora.providers import native, torch_ops
+from sglang_xpu_lora.providers import capture_probe, native, torch_ops
 from sglang_xpu_lora.providers.base import OP_NAMES
+from sglang_xpu_lora.providers.selection import DECODE_OPS
 
 ALL = set(OP_NAMES)
 EXPECTED_NATIVE = {
@@ -64,10 +65,11 @@ def test_auto_on_an_xpu_uses_native_then_triton_and_triton_in_graphs_until_the_t
     with emulate(build):
         selection = providers.select_ops("xpu")
     has = EXPECTED_NATIVE[build]
-    assert by_provider(selection.choices) == groups(native=has, triton=ALL - has)
+    eager_native = has - set(DECODE_OPS)  # eager decode prefers Triton to host-syncing native ops
+    assert by_provider(selection.choices) == groups(native=eager_native, triton=ALL - eager_native)
     assert by_provider(selection.graph_choices) == {"triton": ALL}
     assert all(selection.graph_choices[op].reason.startswith(UNTRIED) for op in has)
-    assert all(selection.choices[op].capture_safe is None for op in has)
+    assert all(selection.choices[op].capture_safe is None for op in eager_native)
     assert selection.needs_zeroed_slots and selection.uses_triton
 
 
@@ -254,16 +256,20 @@ def test_the_sync_free_build_checks_values_on_the_device(emulate, op, change, me
 
 
 def test_eager_decode_rule_moves_the_host_syncing_permuted_ops_to_triton(emulate, as_on_xpu, monkeypatch):
-    """Off by default; on, eager decode (the permuted ops) runs SGLang's Triton kernels in place of
-    native ops that sync with the host, the other eager ops and the graph table unchanged."""
+    """On by default: eager decode (the permuted ops) runs SGLang's Triton kernels in place of
+    native ops not shown sync-free, the other eager ops and the graph table unchanged; off, every
+    op the build has is native eagerly. Native ops a trial capture showed sync-free stay native."""
     from sglang_xpu_lora.providers import selection
 
-    decode = set(selection.DECODE_OPS)
+    decode = set(DECODE_OPS)
     with emulate("full"):
-        default = providers.select_ops("xpu")
-        monkeypatch.setattr(selection, "EAGER_DECODE_PREFERS_TRITON", True)
         ruled = providers.select_ops("xpu")
-    assert by_provider(default.choices) == groups(native=ALL)
+        sync_free = {op: capture_probe.Verdict(op, True, "captured") for op in ALL}
+        shown_sync_free = providers.select_ops("xpu", sync_free)
+        monkeypatch.setattr(selection, "EAGER_DECODE_PREFERS_TRITON", False)
+        off = providers.select_ops("xpu")
+    assert by_provider(off.choices) == groups(native=ALL)
     assert by_provider(ruled.choices) == groups(native=ALL - decode, triton=decode)
     assert all("syncs with the host" in ruled.choices[op].reason for op in decode)
-    assert ruled.graph_choices == default.graph_choices
+    assert ruled.graph_choices == off.graph_choices
+    assert by_provider(shown_sync_free.choices) == groups(native=ALL)
