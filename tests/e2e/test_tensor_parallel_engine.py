@@ -130,7 +130,7 @@ def expected_slots(adapter_dir, base_dir, rank: int, shapes: dict) -> dict:
             if not any((path, "A") in peft for path in paths):
                 continue
             lora_rank = next(peft[(path, "A")].shape[0] for path in paths if (path, "A") in peft)
-            for p, (part, path) in enumerate(zip(parts, paths)):
+            for p, path in enumerate(paths):
                 if (path, "A") in peft:
                     place(f"{name}/{fused}/{layer}/A", peft[(path, "A")], rows=p * MAX_RANK)
             shares = [rank_share(peft[(path, "B")], 0, rank) if (path, "B") in peft else torch.zeros(outs[part] // TP, lora_rank)

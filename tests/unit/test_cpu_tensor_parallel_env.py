@@ -32,7 +32,8 @@ def test_tp_env_sets_one_group_per_local_rank():
 def test_cpu_env_refuses_more_ranks_than_cores():
     cores = len(os.sched_getaffinity(0))
     assert serving.cpu_env(tp_size=cores)["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == cores - 1
-    with pytest.raises(ValueError, match=rf"--tp-size {cores + 1} over 1 host\(s\) runs {cores + 1} ranks on this host, but this process may use only {cores} CPU cores"):
+    refusal = rf"--tp-size {cores + 1} over 1 host\(s\) runs {cores + 1} ranks on this host, but this process may use only {cores} CPU cores"
+    with pytest.raises(ValueError, match=refusal):
         serving.cpu_env(tp_size=cores + 1)
     with pytest.raises(ValueError, match="must be a positive multiple of --nnodes 2"):
         serving.cpu_env(tp_size=3, nnodes=2)
