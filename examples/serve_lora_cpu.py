@@ -12,7 +12,8 @@
 
 The exit status is 0 when every check passes. The completions are gibberish on purpose (the model
 is tiny and random): what matters is that they equal the reference token for token.
-Run it with: bash scripts/run_example.sh (which sets up the environment first).
+Run it with: bash scripts/run_example.sh (which sets up the environment first); add --tp-size 2
+to shard the model over two tensor-parallel ranks (one CPU core each).
 """
 
 from __future__ import annotations
@@ -46,13 +47,18 @@ def main() -> int:
     )
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="where the model and adapters are built (default: artifacts)")
     parser.add_argument("--skip-server", action="store_true", help="skip the sglang serve part")
+    parser.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one CPU core each (default: 1)")
     args = parser.parse_args()
 
     # Imported after parsing, so that --help works without the environment.
     from sglang_cpu_devsupport import leftovers, serving, tiny_model
 
     max_new_tokens = serving.GREEDY_TOKENS
-    os.environ.update(serving.cpu_env("torch"))
+    try:
+        env = serving.cpu_env("torch", tp_size=args.tp_size)
+    except ValueError as exc:
+        parser.error(str(exc))
+    os.environ.update(env)
 
     progress = Progress(total=5)
     progress("building the tiny model, tokenizer and adapters (reused when already built)")
@@ -65,10 +71,10 @@ def main() -> int:
     input_ids = tokenizer.encode(PROMPT)
     loras = [None, *adapters]
 
-    progress("starting sglang.Engine with lora_backend='intel_xpu' (portable kernels) on CPU")
+    progress(f"starting sglang.Engine with lora_backend='intel_xpu' (portable kernels) on CPU, tp_size={args.tp_size}")
     import sglang
 
-    engine = sglang.Engine(**serving.engine_kwargs(paths, adapters))
+    engine = sglang.Engine(**serving.engine_kwargs(paths, adapters, tp_size=args.tp_size))
     # SGLang's engine installs a SIGTERM handler that only flags a graceful exit; restore the
     # default so `timeout` or a CI cancel still stops this script (the finally blocks still run
     # for Ctrl-C, and the server is started in its own process group).
@@ -105,9 +111,9 @@ def main() -> int:
     else:
         port = serving.free_port()
         progress(f"starting sglang serve on 127.0.0.1:{port}")
-        argv = serving.server_argv(paths, adapters, port)
+        argv = serving.server_argv(paths, adapters, port, tp_size=args.tp_size)
         log_path = args.artifacts / "sglang_serve.log"
-        with serving.running_server(argv, port, serving.cpu_env("torch"), log_path) as proc:
+        with serving.running_server(argv, port, env, log_path) as proc:
             progress.note(f"server ready (pid {proc.pid}); sending /generate and /v1/completions")
             base_url = f"http://127.0.0.1:{port}"
             params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}

@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+from sglang_cpu_devsupport.serving import kill_process_group
+
 
 @functools.lru_cache(maxsize=None)
 def can_unshare() -> bool:
@@ -26,11 +28,28 @@ KEPT_IN_TMPDIR = re.compile(r"torchinductor_.*")
 _SHM_MARKER = "---- /dev/shm after the run ----"
 
 
+def run_in_own_group(argv: Sequence[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` (stderr merged into stdout, text) in a new session; on timeout, SIGKILL to
+    the session's process group, reap it, and raise ``subprocess.TimeoutExpired`` with the output."""
+    proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc.pid)
+        stdout, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=stdout) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout)
+
+
 def run_leaving_nothing(argv: Sequence[str], env: dict, tmpdir: Path, timeout: float) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run ``argv`` (stderr merged into stdout) with ``env``, an empty ``$TMPDIR`` at ``tmpdir`` and,
     where this process may create a mount namespace (root with ``unshare``, as in CI), an empty
     private ``/dev/shm``; elsewhere ``/dev/shm`` is compared before and after the run, which other
     processes on the machine can disturb (a warning says so).
+
+    The command runs in a session of its own; past ``timeout`` seconds its whole process group (an
+    engine's schedulers and TP ranks included) is killed before ``subprocess.TimeoutExpired`` is
+    raised, so a hung run leaves no process behind.
 
     Returns the finished process and what it left behind: ``/dev/shm/<name>`` and
     ``$TMPDIR/<name>`` entries, except :data:`KEPT_IN_TMPDIR`.
@@ -39,16 +58,13 @@ def run_leaving_nothing(argv: Sequence[str], env: dict, tmpdir: Path, timeout: f
     env = {**env, "TMPDIR": str(tmpdir)}
     if can_unshare():
         script = f'mount -t tmpfs tmpfs /dev/shm || exit 97; "$@"; rc=$?; echo "{_SHM_MARKER}"; ls -A /dev/shm; exit $rc'
-        result = subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-        )
+        result = run_in_own_group(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv], env, timeout)
         output, marker, shm = result.stdout.rpartition(_SHM_MARKER + "\n")
         result.stdout, shm_left = (output, shm.split()) if marker else (result.stdout, [])
     else:
         warnings.warn("no private /dev/shm here (needs root and unshare): comparing /dev/shm before and after the run")
         before = set(os.listdir("/dev/shm"))
-        result = subprocess.run(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        result = run_in_own_group(argv, env, timeout)
         shm_left = sorted(set(os.listdir("/dev/shm")) - before)
     tmp_left = sorted(p.name for p in tmpdir.iterdir() if not KEPT_IN_TMPDIR.fullmatch(p.name))
     return result, [f"/dev/shm/{name}" for name in shm_left] + [f"$TMPDIR/{name}" for name in tmp_left]

@@ -39,8 +39,9 @@ def hf_reference(tiny_artifacts, tokenizer):
 
 @pytest.fixture(scope="session")
 def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
-    """``run(name, rounds, env, engine=None, adapters=ADAPTERS)`` serves each round
-    in order through one engine in a fresh process. A round is a list of ``(prompt, lora)``, or a
+    """``run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1)`` serves each round
+    in order through one engine in a fresh process, at ``--tp-size tp_size`` (with the CPU engine's
+    TP settings, ``serving.cpu_env(tp_size=...)``). A round is a list of ``(prompt, lora)``, or a
     ``{"load": {...}}`` / ``{"unload": {...}}`` action (see ``sglang_cpu_devsupport.engine_batch``).
 
     Returns ``(results, kernels)``: per round, a dict ``(prompt, lora) -> output`` (the action's
@@ -48,7 +49,7 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
     checked to leave nothing in ``/dev/shm`` or its ``$TMPDIR`` (see :func:`run_leaving_nothing`).
     """
 
-    def run(name, rounds, env, engine=None, adapters=ADAPTERS):
+    def run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1):
         work = tmp_path_factory.mktemp(name)
         spec = {
             "artifacts": {key: str(path) for key, path in tiny_artifacts.items()},
@@ -60,12 +61,12 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
             ],
             "max_new_tokens": MAX_NEW_TOKENS,
             "vocab_size": tiny_model.VOCAB_SIZE,
-            "engine": engine or {},
+            "engine": {**(engine or {}), **({"tp_size": tp_size} if tp_size > 1 else {})},
         }
         (work / "request.json").write_text(json.dumps(spec))
         log = work / "kernel_calls.log"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
-        child_env.update(serving.cpu_env(), **env, **{kernel_emulator.LOG_ENV: str(log)})
+        child_env.update(serving.cpu_env(tp_size=tp_size), **env, **{kernel_emulator.LOG_ENV: str(log)})
         result, left = run_leaving_nothing(
             [sys.executable, "-m", "sglang_cpu_devsupport.engine_batch", str(work / "request.json"), str(work / "result.json")],
             child_env, work / "tmp", timeout=900,

@@ -1,14 +1,15 @@
-"""Scenario 10, tensor parallelism: the same adapters sharded over TP 2 give the unsharded numbers.
+"""Scenario 10, tensor parallelism, at the layer level: the same adapters sharded over TP 2 give the
+unsharded numbers.
 
-SGLang 0.5.23's CPU engine cannot run ``--tp-size 2`` here (checked on the 2-core CI machine): it
-first asserts that the ranks do not outnumber the NUMA nodes (1 here), and with
-``SGLANG_CPU_OMP_THREADS_BIND="0|1"`` its distributed set-up then builds a PyNccl communicator,
-which raises "Expected a cuda device, but got: cpu". Instead two processes joined by torch.distributed (gloo) each hold a TP shard of
-SGLang's real LoRA layer classes, sliced by SGLang's own ``slice_lora_a/b_weights``: a
-column-parallel q/k/v projection (outputs gathered) and a row-parallel projection (LoRA-A partial
-sums all-reduced by the backend's ``forward_with_base``, as ``RowParallelLinearWithLoRA`` does).
-Both are compared with a float64 computation of the unsharded layer (tolerance 1e-5, float32), for
-both providers, prefill and decode.
+Two processes joined by torch.distributed (gloo) each hold a TP shard of SGLang's real LoRA layer
+classes, sliced by SGLang's own ``slice_lora_a/b_weights``: a column-parallel q/k/v projection
+(outputs gathered) and a row-parallel projection (LoRA-A partial sums all-reduced by the backend's
+``forward_with_base``, as ``RowParallelLinearWithLoRA`` does). Both are compared with a float64
+computation of the unsharded layer (tolerance 1e-5, float32), for both providers, prefill and
+decode. This isolates the backend's sharded math in seconds; the real engine and server at
+``--tp-size 2`` and a two-node launch are tested end to end in
+``tests/e2e/test_tensor_parallel_engine.py``. The workers share one process group, killed whole if
+they hang (e.g. loopback down in a network namespace), so a timeout leaves nothing running.
 """
 
 from __future__ import annotations
@@ -121,12 +122,15 @@ def test_lora_layers_sharded_over_tp2_match_unsharded(tmp_path, build, kernels):
     port, out = str(serving.free_port()), tmp_path / "errors.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
     env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_XPU_LORA_KERNELS=kernels)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(rank), port, str(out), build], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]
-    logs = [p.communicate(timeout=300) for p in procs]
+    procs = []
+    for rank in range(2):  # one process group (rank 0's), so a hang is killed whole
+        group = procs[0].pid if procs else 0
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(rank), port, str(out), build], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=group))
+    try:
+        logs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        serving.kill_process_group(procs[0].pid)
     assert all(p.returncode == 0 for p in procs), "\n".join(err[-2000:] for _, err in logs)
     errors = json.loads(out.read_text())
     assert set(errors) == {"qkv-prefill", "row-prefill", "qkv-decode", "row-decode"}

@@ -181,7 +181,7 @@ def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path)
     ).stdout.splitlines()
     assert probe[0].startswith(str(fresh_python.parents[1])), probe  # the wheel, not this checkout
     assert probe[1].startswith(str(devsupport)), probe  # the stub, from the tests' directory only
-    assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'nan_adapter_slot', 'no_leftovers', 'sgl_kernel_emulator']", probe
+    assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'lora_pool_snapshot', 'nan_adapter_slot', 'no_leftovers', 'sgl_kernel_emulator']", probe
     assert probe[3].startswith("offline") or not offline, probe
 
     log = tmp_path / "pytest.log"

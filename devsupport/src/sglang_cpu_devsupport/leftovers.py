@@ -14,10 +14,14 @@ those processes would do never runs, and nothing else does it:
   lock, for one) are then untracked: releasing one at exit relaunches the tracker with
   "resource_tracker: process died unexpectedly", and the new tracker prints a ``KeyError``
   traceback for a name it never registered (after the example's final "OK");
+- at ``--tp-size`` > 1, the TP rank 0 scheduler creates the 24 MiB broadcast queue
+  ``/dev/shm/sgl_shm_mq_<pid>_<hex>`` (``distributed/device_communicators/shm_broadcast.py``,
+  ``MessageQueue``) that only its ``__del__`` unlinks (SGLang's own sweep,
+  ``utils/stale_shm_cleanup.py``, runs in SGLang's CI only);
 - tqdm makes a multiprocessing lock (a named POSIX semaphore, ``/dev/shm/sem.mp-*``) in every
   process that shows a progress bar, SGLang's scheduler included; killed, it never unlinks it.
 
-:func:`shutdown_engine` and :func:`server_files` / :func:`remove` undo the first three by name;
+:func:`shutdown_engine` and :func:`server_files` / :func:`remove` undo the first four by name;
 :func:`register` (an ``sglang.srt.plugins`` entry point, so it runs in every SGLang process)
 prevents the last.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -41,9 +46,15 @@ def engine_files(port_args) -> list[Path]:
     return files
 
 
+#: ``/dev/shm`` names SGLang creates and leaves: load snapshots (``sglang_loads_*``) and the TP
+#: broadcast queue (``sgl_shm_mq_*``).
+SGLANG_SHM_PREFIXES = ("/dev/shm/sglang_", "/dev/shm/sgl_shm_")
+
+
 def server_files(pid: int) -> set[Path]:
-    """The ``/dev/shm`` files mapped by process ``pid`` and its descendants (a running server's
-    load-snapshot file); read from ``/proc/<pid>/maps`` before the server is stopped."""
+    """The SGLang ``/dev/shm`` files (:data:`SGLANG_SHM_PREFIXES`) mapped by process ``pid`` and its
+    descendants (a running server's load-snapshot file and, at TP > 1, its broadcast queue); read
+    from ``/proc/<pid>/maps`` while the processes still run."""
     import psutil
 
     try:
@@ -56,7 +67,7 @@ def server_files(pid: int) -> set[Path]:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines():
                 path = line.split(maxsplit=5)[5:]
-                if path and path[0].startswith("/dev/shm/sglang_"):
+                if path and path[0].startswith(SGLANG_SHM_PREFIXES):
                     files.add(Path(path[0].removesuffix(" (deleted)")))
     return files
 
@@ -86,14 +97,17 @@ def reattach_resource_tracker() -> None:
 
 
 def shutdown_engine(engine) -> None:
-    """``engine.shutdown()`` once (not again at exit), then remove what SGLang leaves behind and give
-    this process a working resource tracker (see the module docstring)."""
+    """``engine.shutdown()`` once (not again at exit), then remove what SGLang leaves behind (the
+    engine's files and the SGLang ``/dev/shm`` files its processes, children of this one, mapped)
+    and give this process a working resource tracker (see the module docstring)."""
     port_args = getattr(engine, "port_args", None)
+    mapped = server_files(os.getpid())
     try:
         engine.shutdown()
     finally:
         atexit.unregister(engine.shutdown)
         reattach_resource_tracker()
+        remove(mapped)
         if port_args is not None:
             remove(engine_files(port_args))
 

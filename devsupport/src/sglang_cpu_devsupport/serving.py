@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from sglang_cpu_devsupport import CPU_ENGINE_ENV, leftovers
+from sglang_cpu_devsupport import CPU_ENGINE_ENV, leftovers, tensor_parallel
 
 #: Settings for SGLang on a 2-core CPU: torch-native attention, no graphs, a small KV pool (by
 #: default SGLang sizes it from RAM: ~15 GB and ~27 s for this model), float32 for tight comparisons.
@@ -35,9 +35,14 @@ CPU_ENGINE_SETTINGS = dict(
 GREEDY_TOKENS = 16
 
 
-def cpu_env(kernels: str = "torch") -> dict[str, str]:
-    """Environment for an intel_xpu run on CPU: the CPU engine plus the portable-kernel selector."""
-    return {**CPU_ENGINE_ENV, "SGLANG_XPU_LORA_KERNELS": kernels}
+def cpu_env(kernels: str = "torch", tp_size: int = 1, nnodes: int = 1) -> dict[str, str]:
+    """Environment for an intel_xpu run on CPU: the CPU engine, the kernel selector and, for
+    ``--tp-size tp_size`` (over ``--nnodes nnodes`` hosts), what SGLang's CPU engine needs to run this
+    host's ranks (:func:`sglang_cpu_devsupport.tensor_parallel.tp_env`). Pass the same ``tp_size`` to
+    the engine or server (:func:`engine_kwargs` / :func:`server_argv` ``tp_size=...``).
+
+    Raises ``ValueError`` when this host's ranks outnumber the cores this process may use."""
+    return {**CPU_ENGINE_ENV, "SGLANG_XPU_LORA_KERNELS": kernels, **tensor_parallel.tp_env(tp_size, nnodes)}
 
 
 def engine_kwargs(paths: dict[str, Path], adapters: Sequence[str], **overrides) -> dict:
@@ -154,39 +159,56 @@ def post_when_drained(url: str, payload: dict, timeout: float = 120.0) -> dict:
 
 
 @contextlib.contextmanager
-def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, timeout: float = 240.0) -> Iterator[subprocess.Popen]:
-    """Start the server, wait until ``/health_generate`` answers, yield the process, and always stop
-    it by its PID (SIGTERM, then SIGKILL of its process group if it lingers). The server gets its
-    own ``$TMPDIR`` (its IPC sockets), removed afterwards with the ``/dev/shm`` files it mapped."""
+def started_process(argv: Sequence[str], env: dict, log_path: Path) -> Iterator[subprocess.Popen]:
+    """Start ``argv`` (an SGLang server or one node of a multi-node server) in its own session with
+    its own ``$TMPDIR`` (its IPC sockets), output to ``log_path``; yield the process; always stop it
+    and its whole process group (:func:`stop_server`), then remove the SGLang ``/dev/shm`` files its
+    processes mapped (read while they ran) and its ``$TMPDIR``."""
     log = open(log_path, "w")
     tmpdir = tempfile.mkdtemp(prefix="sglang-server-")
     proc = subprocess.Popen(
         list(argv), env={**os.environ, **env, "TMPDIR": tmpdir}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    shm_files: set[Path] = set()
+    proc.shm_files = set()  # filled by wait_until_healthy and before the stop
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=30) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the server is not ready after {timeout:.0f} s; see {log_path}")
-            time.sleep(1.0)
-        shm_files = leftovers.server_files(proc.pid)
         yield proc
     finally:
-        shm_files |= leftovers.server_files(proc.pid)
+        proc.shm_files |= leftovers.server_files(proc.pid)
         stop_server(proc)
         log.close()
-        leftovers.remove(shm_files)
+        leftovers.remove(proc.shm_files)
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def wait_until_healthy(proc: subprocess.Popen, port: int, log_path: Path, timeout: float = 240.0) -> None:
+    """Wait until ``/health_generate`` on ``127.0.0.1:port`` answers 200 (the model served a request;
+    on a multi-node server's other nodes, their schedulers are ready); raises ``RuntimeError`` if
+    the process exits first, ``TimeoutError`` after ``timeout`` seconds. Then records the SGLang
+    ``/dev/shm`` files the process tree maps (for :func:`started_process` to remove)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=30) as r:
+                if r.status == 200:
+                    break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server is not ready after {timeout:.0f} s; see {log_path}")
+        time.sleep(1.0)
+    proc.shm_files = getattr(proc, "shm_files", set()) | leftovers.server_files(proc.pid)
+
+
+@contextlib.contextmanager
+def running_server(argv: Sequence[str], port: int, env: dict, log_path: Path, timeout: float = 240.0) -> Iterator[subprocess.Popen]:
+    """:func:`started_process` that yields once the server is healthy (:func:`wait_until_healthy`):
+    always stopped by its PID and process group, leaving no files behind."""
+    with started_process(argv, env, log_path) as proc:
+        wait_until_healthy(proc, port, log_path, timeout)
+        yield proc
 
 
 def process_group_rss(pgid: int) -> int:
@@ -214,10 +236,16 @@ def stop_server(proc: subprocess.Popen, grace: float = 30.0) -> None:
         os.kill(proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-    deadline = time.monotonic() + 15.0
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        while time.monotonic() < deadline:
-            os.killpg(proc.pid, 0)  # raises ProcessLookupError once no member is left
-            time.sleep(0.2)
+    kill_process_group(proc.pid)
     proc.wait(10)
+
+
+def kill_process_group(pgid: int, wait: float = 15.0) -> None:
+    """SIGKILL every process of process group ``pgid`` (a process started with
+    ``start_new_session=True`` and all it started) and wait up to ``wait`` seconds until none is left."""
+    deadline = time.monotonic() + wait
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)  # raises ProcessLookupError once no member is left
+            time.sleep(0.2)

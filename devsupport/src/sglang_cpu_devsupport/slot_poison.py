@@ -7,7 +7,9 @@ overflow or a corrupted copy would leave there) to show that no other request re
 BEFORE hook on ``LoRAMemoryPool.load_lora_weight_to_buffer``: when the adapter loaded into a slot
 comes from that directory, its layer-0 ``q_proj`` LoRA-B (SGLang's stacked ``qkv_proj`` B) is set
 to NaN in host memory just before SGLang copies it into the slot, after every load-time check.
-Unset, nothing is registered.
+With ``SGLANG_CPU_DEVSUPPORT_NAN_RANK=<r>`` also set, only TP rank ``r`` poisons its slot (its slice
+of the tensor), so under tensor parallelism the NaN starts on one rank and reaches the others only
+through the collectives. Unset, nothing is registered.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 from pathlib import Path
 
 NAN_ADAPTER_ENV = "SGLANG_CPU_DEVSUPPORT_NAN_ADAPTER"
+NAN_RANK_ENV = "SGLANG_CPU_DEVSUPPORT_NAN_RANK"
 TARGET = "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"
 
 
@@ -38,10 +41,18 @@ def register_from_env() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     target = Path(target_dir).resolve()
+    only_rank = os.environ.get(NAN_RANK_ENV)
+
+    def on_poisoned_rank() -> bool:
+        if only_rank is None:
+            return True
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().tp_rank == int(only_rank)
 
     def before_load(pool, uid, buffer_id, lora_adapter, *args, **kwargs):
         path = getattr(getattr(lora_adapter, "config", None), "path", None)
-        if path is not None and Path(path).resolve() == target:
+        if path is not None and Path(path).resolve() == target and on_poisoned_rank():
             if not poison_layer0_q_lora_b(lora_adapter):
                 raise RuntimeError(f"{NAN_ADAPTER_ENV}: no layer-0 q_proj LoRA-B in the adapter at {path}")
         return None
