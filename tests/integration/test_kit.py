@@ -89,3 +89,24 @@ def test_a_step_past_its_timeout_is_stopped_and_reported(tmp_path):
     (step,) = kit["steps"]
     assert step["status"] == "timeout" and step["returncode"] is None and 0.5 <= step["seconds"] < 30
     assert "stopped after 0.5 s (--step-timeout)" in report and "| sync_cost | timeout |" in report
+
+
+def test_serving_table_compares_intel_xpu_with_the_faster_peer_of_the_same_mode(tmp_path):
+    """bench_serving.sh's files (``<backend>-<scenario>.jsonl``, the last record each) become one row
+    each; intel_xpu's output tokens/s is divided by the faster of triton and csgmv in the same
+    scenario and decode mode (eager or +graphs). The step itself needs a server: examples' e2e test."""
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    throughput = {"intel_xpu": 90.0, "triton": 100.0, "csgmv": 80.0, "intel_xpu+graphs": 120.0, "triton+graphs": 96.0,
+                  "csgmv+graphs": 150.0}
+    for backend, tok_s in throughput.items():
+        record = dict(completed=8, output_throughput=tok_s, median_ttft_ms=1.5, median_itl_ms=0.25)
+        (serving / f"{backend}-decode.jsonl").write_text(json.dumps({"completed": 0}) + "\n" + json.dumps(record) + "\n")
+    code = "import json, sys; from pathlib import Path; from benchmarks import kit; print(json.dumps(kit.serving_rows(Path(sys.argv[1]))))"
+    result = subprocess.run([sys.executable, "-c", code, str(serving)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["backend"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == set(throughput) and all(r["scenario"] == "decode" and r["completed"] == 8 for r in rows.values())
+    assert math.isclose(rows["intel_xpu"]["vs_best_peer"], 90 / 100)
+    assert math.isclose(rows["intel_xpu+graphs"]["vs_best_peer"], 120 / 150)
+    assert all("vs_best_peer" not in rows[b] for b in throughput if not b.startswith("intel_xpu"))
