@@ -16,11 +16,11 @@ report with its exit status and the last lines of its output, and the next step 
    against SGLang's ``triton`` and ``csgmv`` kernels, eager and in graphs, adapters of distinct
    scalings at ranks 8, 16 and 64 under ``max_lora_rank`` 64 (``--points below-max-rank``, best of 3;
    ``--quick``: the benchmark's own three-point grid);
-4. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
+4. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
+   step (a stand-in measured on this device);
+5. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
    eager and with decode graphs; its ``BACKENDS``/``SCENARIOS``/``PORT`` settings apply from the
-   environment); skipped unless ``--model`` and ``--adapters`` are given;
-5. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
-   step (a stand-in measured on this device).
+   environment); skipped unless ``--model`` and ``--adapters`` are given.
 
 Writes ``DIR/sglang-xpu-lora-report.md`` (every section, each step's raw JSON embedded at the end)
 beside the steps' own files and ``DIR/kit.json`` (the step records). Exit status 0 when every step
@@ -147,8 +147,9 @@ def _succeeded(name: str, returncode: int, result: Optional[Path]) -> bool:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the step's process group (bench_serving.sh then stops its servers), SIGKILL after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+    """SIGTERM to the step's process group (bench_serving.sh then stops its server, which may take
+    30 s), SIGKILL after 60 s."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)
             process.wait(timeout=wait)
