@@ -43,9 +43,24 @@ MODELS = {
 }
 
 
+#: Device types with graphs and streams: ``torch.cuda`` and ``torch.xpu`` share those names.
+GRAPH_DEVICES = ("cuda", "xpu")
+
+
+def accelerator(device: torch.device):
+    """``torch.cuda`` or ``torch.xpu`` for a device of that type, None for any other (CPU)."""
+    return getattr(torch, device.type) if device.type in GRAPH_DEVICES else None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on CPU)."""
+    if accelerator(device) is not None:
+        accelerator(device).synchronize(device)
+
+
 def time_call(fn: Callable[[], object], device: torch.device, *, min_seconds: float = 0.2, max_reps: int = 200) -> float:
     """Median wall time of ``fn`` in seconds (device-synchronised), after one warm-up call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = lambda: synchronize(device)  # noqa: E731
     fn()
     sync()
     samples: list[float] = []
@@ -68,6 +83,8 @@ def machine() -> dict:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+    elif getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+        info["gpu"] = torch.xpu.get_device_name()
     try:
         import triton
 

@@ -62,7 +62,7 @@ def measure(case, module, device, seconds) -> tuple[float, float, dict]:
         module.begin_batch()
         outputs = {name: case.portable(name).float() for name in case.weights}
         peak = torch.cuda.max_memory_allocated() / 2**20
-        return time_call(op_bench.graph(run), device, min_seconds=seconds) * 1e3, peak, outputs
+        return time_call(op_bench.graph(run, device), device, min_seconds=seconds) * 1e3, peak, outputs
 
 
 def main(argv: Optional[list[str]] = None) -> None:

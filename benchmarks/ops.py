@@ -9,8 +9,10 @@ its index, built once per batch by the backend, is built once per point here and
 
 * ``portable``: the portable provider for every op;
 * ``intel_xpu``: the op tables ``SGLANG_XPU_LORA_KERNELS`` (default ``auto``) selects on the device
-  (:func:`sglang_xpu_lora.providers.choose`), the eager table timed eagerly and the graph table in
-  a CUDA graph. Without native ops on the device that is SGLang's Triton kernels in both modes.
+  (:func:`sglang_xpu_lora.providers.choose`), the eager table timed eagerly and the graph table
+  (native ops only where a trial capture passed, as at graph set-up: ``graph_verdicts`` in the
+  JSON) in a CUDA or XPU graph. Without native ops on the device that is SGLang's Triton kernels in
+  both modes.
   ``--emulated-build`` installs an emulated sgl-kernel-xpu build first: the configuration a real
   Intel box gets (native ops present, outside graphs; inside graphs the ops the selection keeps,
   Triton for those that are not capture-safe). Its native ops run only where the emulator has
@@ -18,9 +20,9 @@ its index, built once per batch by the backend, is built once per point here and
   times of emulated native ops measure the emulator, not a kernel.
 
 Peers: SGLang's ``torch_native`` LoRA ops (its eager "control" path: one GEMM per merged segment and
-slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA GPU also SGLang's Triton
-dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops (the
-``csgmv`` backend). On a GPU every path is also captured in a CUDA graph. Points with
+slice, from ``sglang.srt.lora.torch_ops.lora_ops``) everywhere; on a CUDA or XPU GPU also SGLang's
+Triton dense ops (``sglang.kernels.ops.lora.dense``, the ``triton`` backend) and chunked-SGMV ops (the
+``csgmv`` backend). On a GPU every path is also captured in a CUDA (or XPU) graph. Points with
 ``real_rank < rank`` have adapters below ``max_lora_rank``.
 
 Decode batches give each request (one token) a random adapter and route them as SGLang's Triton
@@ -30,6 +32,7 @@ backend does for decode (tokens sorted by slot, chunked SGMV with a permutation)
     python -m benchmarks.ops                  # CPU, default grid (minutes)
     python -m benchmarks.ops --quick          # a few seconds: the smoke test
     python -m benchmarks.ops --device cuda    # GPU, with Triton tiers, peers and CUDA graphs
+    python -m benchmarks.ops --device xpu     # Intel GPU: the real sgl-kernel-xpu ops, XPU graphs
     python -m benchmarks.ops --device cuda --emulated-build full --points below-max-rank
                                               # intel_xpu as on an Intel box, adapters below max rank
 
@@ -57,7 +60,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import MODELS, RESULTS, ModelShape, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, accelerator, time_call, write
 from sglang_xpu_lora.providers import slice_layout, torch_ops
 
 MAX_LORAS = 8
@@ -285,15 +288,16 @@ def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
     return run
 
 
-def graph(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` in a CUDA graph and return its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+def graph(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) and return its replay."""
+    gpu = accelerator(device)
+    stream = gpu.Stream()
+    stream.wait_stream(gpu.current_stream())
+    with gpu.stream(stream):
         fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    gpu.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph() if device.type == "cuda" else torch.xpu.XPUGraph()
+    with gpu.graph(g):
         fn()
     return g.replay
 
@@ -317,7 +321,7 @@ def check_graph_replay(device, dtype) -> dict:
     def relative(a, b):
         return max(((a[n].float() - b[n].float()).abs().max() / b[n].float().abs().max()).item() for n in b)
 
-    replay = graph(forward)
+    replay = graph(forward, device)
     first = {name: out.clone() for name, out in outputs.items()}
     for attr in ("seg_indptr", "weight_indices", "permutation"):
         getattr(case, attr).copy_(getattr(other, attr))
@@ -329,9 +333,9 @@ def check_graph_replay(device, dtype) -> dict:
 
 
 def intel_xpu_tier_runs(device: torch.device) -> bool:
-    """The ``intel_xpu`` tier runs on a CUDA GPU, and on CPU in Triton's interpreter (smoke runs;
-    elsewhere on CPU it is the portable tier)."""
-    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    """The ``intel_xpu`` tier runs on a CUDA or XPU GPU, and on CPU in Triton's interpreter (smoke
+    runs; elsewhere on CPU it is the portable tier)."""
+    return device.type in GRAPH_DEVICES or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def grid(args) -> list[tuple]:
@@ -341,14 +345,15 @@ def grid(args) -> list[tuple]:
             return [("tiny", 16, 8, 8, "decode", 16), ("tiny", 16, 4, 8, "decode", 8), ("tiny", 16, 1, 16, "prefill", 8)]
         return [("llama-3.1-8b", 16, 8, 64, "decode", 16), ("llama-3.1-8b", 16, 1, 64, "decode", 16),
                 ("llama-3.1-8b", 16, 4, 512, "prefill", 16)]
-    decode = [1, 16, 64, 256, 1024, 2048] if args.device == "cuda" else [1, 16, 64, 256]
-    prefill = [512, 2048, 8192, 16384] if args.device == "cuda" else [512, 2048]
+    gpu = torch.device(args.device).type in GRAPH_DEVICES
+    decode = [1, 16, 64, 256, 1024, 2048] if gpu else [1, 16, 64, 256]
+    prefill = [512, 2048, 8192, 16384] if gpu else [512, 2048]
     points = []
     if args.points == "all":
         for model, rank, adapters in itertools.product(MODELS, (16, 64), (1, 4, 8)):
             points += [(model, rank, adapters, t, "decode", rank) for t in decode]
             points += [(model, rank, adapters, t, "prefill", rank) for t in prefill]
-    if args.device == "cuda":  # adapters below max_lora_rank (the common case), and at it for reference
+    if gpu:  # adapters below max_lora_rank (the common case), and at it for reference
         for model, adapters, real in itertools.product(MODELS, (4, 8), (8, 16, 64)):
             if real < 64 or args.points == "below-max-rank":
                 points += [(model, 64, adapters, t, "decode", real) for t in decode if t <= 256]
@@ -381,14 +386,23 @@ def copy_bandwidth(device) -> float:
 
 def intel_xpu_selection(args, device: torch.device):
     """The op selection ``intel_xpu`` makes on ``device`` (``SGLANG_XPU_LORA_KERNELS``, default
-    ``auto``), over the emulated sgl-kernel-xpu build ``args.emulated_build`` when given."""
-    from sglang_xpu_lora.providers import choose
+    ``auto``), over the emulated sgl-kernel-xpu build ``args.emulated_build`` when given. With
+    graphs, its graph table is decided as at graph set-up: each native op it would run inside
+    graphs is tried in a trial capture (a 64-token decode set-up, rank 64, bfloat16), and the
+    verdicts go to ``args.graph_verdicts``."""
+    from sglang_xpu_lora.providers import capture_probe, choose, native
 
     if args.emulated_build:
         from sglang_cpu_devsupport import kernel_emulator
 
         kernel_emulator.install(args.emulated_build)
     selection = choose(device)
+    args.graph_verdicts = None
+    if selection.graph_candidates and device.type in GRAPH_DEVICES and not args.no_graphs:
+        case = capture_probe.ProbeCase(device, 64, MAX_LORAS, 64, torch.bfloat16)
+        verdicts = capture_probe.CaptureProbe().try_ops(selection.graph_candidates, case, native.bind)
+        args.graph_verdicts = {op: {"capture_safe": v.capture_safe, "reason": v.reason} for op, v in verdicts.items()}
+        selection = choose(device, verdicts)
     args.intel_xpu_providers = {
         op: {"eager": selection.choices[op].provider, "graph": selection.graph_choices[op].provider} for op in selection.choices
     }
@@ -401,10 +415,11 @@ def intel_xpu_selection(args, device: torch.device):
 
 def run(args) -> list[dict]:
     device = torch.device(args.device)
-    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    gpu = device.type in GRAPH_DEVICES
+    bandwidth = copy_bandwidth(device) if gpu else None
     args.copy_bandwidth = bandwidth
     dtype = {"cpu": torch.float32}.get(args.device, torch.bfloat16)
-    if device.type == "cuda":
+    if gpu and not args.no_graphs:
         args.graph_replay_check = check_graph_replay(device, torch.bfloat16)
         print("graph replay check:", args.graph_replay_check, flush=True)
     selection = intel_xpu_selection(args, device) if intel_xpu_tier_runs(device) else None
@@ -414,7 +429,7 @@ def run(args) -> list[dict]:
         case = Case(shape, rank, adapters, tokens, mode, dtype, device, real_rank=real_rank)
         row = dict(model=model, rank=rank, real_rank=real_rank, adapters=adapters, tokens=tokens, mode=mode,
                    dtype=str(dtype).replace("torch.", ""))
-        graphs = device.type == "cuda" and not args.no_graphs
+        graphs = gpu and not args.no_graphs
         if not args.no_portable:
             portable = time_call(layer(case.portable, case), device, min_seconds=args.seconds)
             row["portable_ms"] = portable * 1e3
@@ -425,16 +440,16 @@ def run(args) -> list[dict]:
         if selection is not None:
             row.update(intel_xpu_tier(case, selection, device, args.seconds, graphs))
             row.update(backend_tiers(case, device, args, graphs))
-        if device.type == "cuda":
+        if gpu:
             if graphs and not args.no_portable:
-                row["portable_graph_ms"] = time_call(graph(layer(case.portable, case)), device, min_seconds=args.seconds) * 1e3
+                row["portable_graph_ms"] = time_call(graph(layer(case.portable, case), device), device, min_seconds=args.seconds) * 1e3
                 row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
             from benchmarks import triton_peers
 
             for peer, fn in triton_peers.peers(case).items():
                 measure(row, peer, layer(fn, case), device, args)
                 if graphs:
-                    row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
+                    row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
                     if "portable_graph_ms" in row:
                         row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
             for tier in ("intel_xpu", "intel_xpu_eager", "intel_xpu_chunked"):
@@ -460,7 +475,7 @@ def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, 
     tables = {"": False, "_graph": True} if graphs else {"": False}
     for suffix, use_graph in tables.items():
         fn = case.intel_xpu_fn(selection, use_graph)
-        timed = graph(layer(fn, case)) if use_graph else layer(fn, case)
+        timed = graph(layer(fn, case), device) if use_graph else layer(fn, case)
         result[f"intel_xpu{suffix}_ms"] = time_call(timed, device, min_seconds=seconds) * 1e3
         torch_ops.begin_batch()
         result[f"intel_xpu{suffix}_max_error"] = max(
@@ -488,7 +503,7 @@ def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
     for tier, fn in tiers.items():
         measure(result, tier, layer(fn, case), device, args)
         if graphs and tier != "triton_backend":
-            result[f"{tier}_graph_ms"] = time_call(graph(layer(fn, case)), device, min_seconds=args.seconds) * 1e3
+            result[f"{tier}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
         if tier != "triton_backend":
             result[f"{tier}_max_error"] = max(
                 float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
@@ -574,7 +589,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if any("intel_xpu_ms" in row for row in rows):
         columns += ["intel_xpu_ms", "intel_xpu_max_error", "intel_xpu_eager_ms", "intel_xpu_eager_max_error",
                     "intel_xpu_chunked_ms", "intel_xpu_chunked_max_error"]
-    if args.device == "cuda":
+    if torch.device(args.device).type in GRAPH_DEVICES:
         columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv",
                     "intel_xpu_graph_ms", "intel_xpu_graph_max_error", "intel_xpu_graph_vs_best_peer", "intel_xpu_vs_triton",
                     "intel_xpu_eager_vs_triton", "intel_xpu_eager_spread", "triton_spread", "intel_xpu_eager_vs_triton_backend",
@@ -582,6 +597,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     "roofline_fraction"]
     extra = {"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None),
              "emulated_build": args.emulated_build, "intel_xpu_providers": getattr(args, "intel_xpu_providers", None),
+             "graph_verdicts": getattr(args, "graph_verdicts", None),
              "repeats": args.repeats}
     write(name, rows, columns, args.out, extra=extra)
     plot(rows, Path(args.out) / f"{name}.png")

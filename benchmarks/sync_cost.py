@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.common import MODELS, RESULTS, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, time_call, write
 from benchmarks.ops import TINY, Case, layer
 from sglang_xpu_lora.providers import torch_ops
 
@@ -63,18 +63,18 @@ def host_reads(case: Case, offsets: Optional[torch.Tensor]) -> None:
 
 def lora_module_fn(case: Case, synced: bool) -> Callable[[str], torch.Tensor]:
     """One module's decode LoRA (chunked shrink + chunked expand) through the Triton provider on
-    SGLang's packed pool on a GPU, else the portable ops; ``synced`` adds the host reads."""
-    if case.device.type == "cuda":
+    SGLang's packed pool on a GPU (CUDA or XPU), else the portable ops; ``synced`` adds the host reads."""
+    if case.device.type in GRAPH_DEVICES:
         from benchmarks.triton_peers import dense_batch_info
         from sglang_xpu_lora.providers import triton_ops as ops
 
-        weights, extra = case.packed_weights, dict(batch_info=dense_batch_info(case))
+        extra = dict(batch_info=dense_batch_info(case))
     else:
-        ops, weights, extra = torch_ops, case.weights, {}
+        ops, extra = torch_ops, {}
     slots = case.seg_indptr.numel() - 1
 
     def run(name: str) -> torch.Tensor:
-        a, b, outs = weights[name]
+        a, b, outs = case.weights[name]
         meta = dict(seg_indptr=case.seg_indptr, weight_indices=case.weight_indices, lora_ranks=case.ranks, **extra)
         if synced:
             host_reads(case, None)
@@ -128,7 +128,7 @@ class ReadCounter(TorchDispatchMode):
 
 def run(args) -> list[dict]:
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type in GRAPH_DEVICES else torch.float32
     model = TINY if args.quick else MODELS["llama-3.1-8b"]
     rows = []
     for tokens in args.tokens:

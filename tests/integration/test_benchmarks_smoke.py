@@ -77,12 +77,12 @@ def test_e2e_cpu(tmp_path):
         assert math.isclose(r["ratio"], r["intel_xpu_tok_s"] / r["torch_native_tok_s"]), r
 
 
-def test_capture_probe_cuda_smoke_on_cpu(tmp_path):
-    """The CUDA evidence script's CPU run: no device graphs, so no op is tried and none runs
+def test_capture_probe_smoke_on_cpu(tmp_path):
+    """The device evidence script's CPU run: no device graphs, so no op is tried and none runs
     natively inside graphs; the layer through the graph table matches the float64 reference."""
     out = tmp_path / "capture-probe-cpu.json"
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.capture_probe_cuda", "--device", "cpu", "--quick", "--decode-tokens", "8",
+        [sys.executable, "-m", "benchmarks.capture_probe", "--device", "cpu", "--quick", "--decode-tokens", "8",
          "--prefill-tokens", "16", "--out", str(out)],
         cwd=REPO, env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}, capture_output=True, text=True, timeout=900,
     )

@@ -4,7 +4,7 @@ rejected and the sync-free build accepted by real trial captures driven through 
 reason per op, the capture always ended and the current stream always restored, one side stream,
 private pools only (a fresh one after a failed capture), verdicts cached, and the overrides.
 
-The same trial on real CUDA graphs: benchmarks/capture_probe_cuda.py (results in benchmarks/results)."""
+The same trial on real CUDA graphs: benchmarks/capture_probe.py (results in benchmarks/results)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,412 @@
+"""The measurement kit: one command that checks and measures ``intel_xpu`` on this machine and writes
+one report to attach to an issue.
+
+    python -m benchmarks.kit --device xpu --out DIR [--quick] [--model M --adapters "a=/p b=/p"]
+
+(``examples/xpu/measure.sh`` runs it on an Intel GPU.) Each step runs in its own process, its
+output in ``DIR/<step>.log``; a step that fails or runs past ``--step-timeout`` is recorded in the
+report with its exit status and the last lines of its output, and the next step runs:
+
+1. ``doctor``: ``sglang-xpu-lora doctor --json`` (versions, the provider of each LoRA op outside and
+   inside graphs, the capture probe's verdicts on a CUDA/XPU device);
+2. ``capture_probe``: :mod:`benchmarks.capture_probe` (on an Intel GPU the installed sgl-kernel-xpu
+   build's ops tried in trial captures, a layer replayed in a graph against eager; on CUDA the
+   emulated host-syncing and sync-free builds);
+3. ``ops``: :mod:`benchmarks.ops`, ``intel_xpu`` (on an Intel GPU its native ops where selected)
+   against SGLang's ``triton`` and ``csgmv`` kernels, eager and in graphs, adapters of distinct
+   scalings at ranks 8, 16 and 64 under ``max_lora_rank`` 64 (``--points below-max-rank``, best of 3;
+   ``--quick``: the benchmark's own three-point grid);
+4. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
+   step (a stand-in measured on this device);
+5. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
+   eager and with decode graphs; its ``BACKENDS``/``SCENARIOS``/``PORT`` settings apply from the
+   environment); skipped unless ``--model`` and ``--adapters`` are given.
+
+Writes ``DIR/sglang-xpu-lora-report.md`` (every section, each step's raw JSON embedded at the end)
+beside the steps' own files and ``DIR/kit.json`` (the step records). Exit status 0 when every step
+that ran succeeded, 1 otherwise; the report is written either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+REPORT = "sglang-xpu-lora-report.md"
+STEPS = ("doctor", "capture_probe", "ops", "sync_cost", "serving")
+#: Lines of a failed step's output quoted in the report.
+TAIL_LINES = 15
+#: Grid of the op step off ``--quick``: ranks below and at max_lora_rank 64, best of 3.
+OPS_GRID = ("--points", "below-max-rank", "--repeats", "3", "--seconds", "0.1")
+
+
+@dataclasses.dataclass
+class Step:
+    """One step's record: ``status`` is ``ok``, ``failed``, ``timeout`` or ``skipped``; ``files``
+    the JSON files it wrote (relative to the output folder); ``error`` why it failed or was skipped."""
+
+    name: str
+    command: list[str]
+    status: str = "skipped"
+    seconds: float = 0.0
+    returncode: Optional[int] = None
+    error: str = ""
+    files: list[str] = dataclasses.field(default_factory=list)
+
+
+def _python(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
+    """``(step, command, JSON files it writes, extra environment)`` per selected step; an empty
+    command is a skipped step, the reason in the environment's ``"skip"``."""
+    device, out, quick = args.device, args.out, args.quick
+    suffix = "-quick" if quick else ""
+    steps = {
+        "doctor": (_python("sglang_xpu_lora.doctor", "doctor", "--json"), ["doctor.json"], {}),
+        "capture_probe": (
+            _python("benchmarks.capture_probe", "--device", device, "--out", str(out / f"capture-probe-{device}.json"),
+                    *(("--quick", "--decode-tokens", "8", "--prefill-tokens", "16") if quick else ())),
+            [f"capture-probe-{device}.json"], {}),
+        "ops": (
+            _python("benchmarks.ops", "--device", device, "--out", str(out), *(("--quick", "--seconds", "0.01") if quick else OPS_GRID)),
+            [f"ops-{device}{suffix}.json"], {}),
+        "sync_cost": (
+            _python("benchmarks.sync_cost", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
+            [f"sync-cost-{device}{suffix}.json"], {}),
+    }
+    if args.model and args.adapters:
+        steps["serving"] = (["bash", str(REPO / "examples" / "xpu" / "bench_serving.sh")], [],
+                            {"MODEL": args.model, "ADAPTERS": args.adapters, "DEVICE": device, "OUT": str(out / "serving"),
+                             "PYTHON": sys.executable})
+    else:
+        steps["serving"] = ([], [], {"skip": "not run: give --model and --adapters (4 to 8 PEFT adapters, "
+                                              "\"name=path ...\") to run SGLang's serving benchmark"})
+    return [(name, *steps[name]) for name in STEPS if name in args.steps]
+
+
+def run_step(name: str, command: list[str], files: list[str], env_extra: dict, out: Path, timeout: float) -> Step:
+    """Run one step in its own process group with ``timeout`` seconds (then it is stopped); its
+    stdout and stderr go to ``out/<name>.log`` (the doctor's stdout to ``doctor.json``). Never raises
+    for a failing step: the failure is its record."""
+    step = Step(name, command, files=files)
+    if not command:
+        step.error = env_extra["skip"]
+        return step
+    for stale in files:  # an earlier run's result in the same folder
+        (out / stale).unlink(missing_ok=True)
+    log = out / f"{name}.log"
+    start = time.perf_counter()
+    with contextlib.ExitStack() as outputs:
+        stderr = outputs.enter_context(open(log, "w"))
+        stdout = outputs.enter_context(open(out / files[0], "w")) if name == "doctor" else stderr
+        try:
+            process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **env_extra}, stdout=stdout, stderr=stderr,
+                                       start_new_session=True)
+        except OSError as exc:
+            step.status, step.error = "failed", f"could not start {command[0]}: {exc}"
+        else:
+            try:
+                step.returncode = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _stop(process)
+                step.status, step.error = "timeout", f"stopped after {timeout:g} s (--step-timeout); last lines of {log.name}:\n"
+    step.seconds = time.perf_counter() - start
+    if step.status == "timeout":
+        step.error += _tail(log)
+    if step.returncode is not None:
+        step.status = "ok" if _succeeded(name, step.returncode, out / files[0] if files else None) else "failed"
+        if step.status == "failed":
+            step.error = f"exit status {step.returncode}; last lines of {log.name}:\n" + _tail(log)
+    step.files = [f for f in files if (out / f).exists()]
+    return step
+
+
+def _succeeded(name: str, returncode: int, result: Optional[Path]) -> bool:
+    """Exit status 0, or for ``doctor`` a JSON report (its status 1 means "cannot serve", which the
+    report shows with the problems)."""
+    if name == "doctor" and result is not None:
+        try:
+            json.loads(result.read_text())
+            return True
+        except (OSError, ValueError):
+            return False
+    return returncode == 0
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the step's process group (bench_serving.sh then stops its server, which may take
+    30 s), SIGKILL after 60 s."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-TAIL_LINES:])
+    except OSError:
+        return ""
+
+
+def _load(out: Path, step: Step) -> Optional[dict]:
+    for name in step.files:
+        try:
+            return json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
+    """Markdown table of ``rows`` with ``(title, key)`` columns; columns no row has are left out."""
+    columns = [(title, key) for title, key in columns if any(row.get(key) is not None for row in rows)]
+    if not rows or not columns:
+        return ["(no rows)"]
+    lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(key)) for _, key in columns) + " |")
+    return lines
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def machine_section(args) -> list[str]:
+    from benchmarks.common import machine
+
+    info = {**machine(), "platform": platform.platform(), "device": args.device}
+    info.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(("SGLANG_XPU_LORA", "ONEAPI", "ZE_", "SYCL"))})
+    return ["## Machine", "", *[f"- {key}: {value}" for key, value in info.items()]]
+
+
+def steps_section(steps: list[Step]) -> list[str]:
+    lines = ["## Steps", "", "| step | status | seconds | note |", "|---|---|---|---|"]
+    for s in steps:
+        note = s.error.splitlines()[0] if s.error else ", ".join(s.files)
+        lines.append(f"| {s.name} | {s.status} | {s.seconds:.1f} | {_cell(note)} |")
+    for s in steps:
+        if s.status in ("failed", "timeout"):
+            lines += ["", f"`{s.name}` ({' '.join(s.command[1:] if s.command[0] == sys.executable else s.command)}):", "",
+                      "```", s.error, "```"]
+    return lines
+
+
+def doctor_section(report: Optional[dict]) -> list[str]:
+    lines = ["## Doctor", ""]
+    if not report:
+        return lines + ["(no doctor report)"]
+    for key in ("plugin", "sglang", "torch", "kernel_build", "device", "xpu_visible", "kernels", "pool_layout", "can_serve"):
+        if key in report:
+            lines.append(f"- {key}: {report[key]}")
+    lines += [f"- problem: {p}" for p in report.get("problems", [])]
+    lines += ["", *_table(report.get("ops", []), [("op", "op"), ("eager", "provider"), ("in graphs", "graph_provider"),
+                                                   ("kernel", "kernel"), ("why (eager)", "reason"), ("why (graphs)", "graph_reason")])]
+    probe = report.get("graph_probe")
+    lines += ["", "Capture probe (doctor):", ""]
+    lines += _table(probe, [("op", "op"), ("capture-safe", "capture_safe"), ("ms", "ms"), ("reason", "reason")]) \
+        if isinstance(probe, list) else [str(probe)]
+    return lines
+
+
+def probe_section(report: Optional[dict]) -> list[str]:
+    lines = ["## Capture probe", ""]
+    if not report:
+        return lines + ["(no capture-probe result)"]
+    lines.append(f"Device {report.get('device')}, all checks passed: {report.get('ok')}")
+    for build in report.get("builds", []):
+        providers = sorted(set(build.get("graph", {}).values()))
+        lines += ["", f"### Build `{build['build']}`: inside graphs {', '.join(providers)}; ok: {build.get('ok')}; "
+                      f"probe {build.get('probe_ms_total', 0):.1f} ms over {len(build.get('trials', []))} trials", ""]
+        lines += _table(build.get("trials", []), [("setup", "setup"), ("tokens", "tokens"), ("op", "op"),
+                                                  ("capture-safe", "capture_safe"), ("ms", "ms"), ("reason", "reason")])
+        lines += [""] + _table(build.get("layers", []), [("layer", "mode"), ("tokens", "tokens"), ("graph ops", "graph_ops"),
+                                                         ("replay vs eager", "replay_vs_eager"),
+                                                         ("replay vs eager ops", "replay_vs_eager_ops"),
+                                                         ("vs float64", "vs_float64"), ("ok", "ok")])
+    return lines
+
+
+#: ``(title, time / time)`` of the op step's ratio columns; ``best_peer`` is the faster of triton and csgmv.
+OP_RATIOS = {
+    "intel_xpu / triton (eager)": ("intel_xpu_ms", "triton_ms"),
+    "intel_xpu / csgmv (eager)": ("intel_xpu_ms", "csgmv_ms"),
+    "intel_xpu / triton (graph)": ("intel_xpu_graph_ms", "triton_graph_ms"),
+    "intel_xpu / csgmv (graph)": ("intel_xpu_graph_ms", "csgmv_graph_ms"),
+    "intel_xpu / best peer (graph)": ("intel_xpu_graph_ms", "best_peer_graph_ms"),
+    "backend: intel_xpu / triton (eager)": ("intel_xpu_eager_ms", "triton_backend_ms"),
+}
+#: The targets of the ratios above that have one (issue 15): eager within 1.1x, graphs within 1.05x.
+OP_TARGETS = {"intel_xpu / triton (eager)": 1.1, "intel_xpu / best peer (graph)": 1.05,
+              "backend: intel_xpu / triton (eager)": 1.1}
+
+
+def op_rows(rows: list[dict]) -> list[dict]:
+    """The op step's rows with the :data:`OP_RATIOS` columns, each the quotient of the two timings."""
+    result = []
+    for row in rows:
+        row = dict(row)
+        if "triton_graph_ms" in row and "csgmv_graph_ms" in row:
+            row["best_peer_graph_ms"] = min(row["triton_graph_ms"], row["csgmv_graph_ms"])
+        for title, (num, den) in OP_RATIOS.items():
+            if row.get(num) is not None and row.get(den):
+                row[title] = row[num] / row[den]
+        result.append(row)
+    return result
+
+
+def ops_section(report: Optional[dict]) -> list[str]:
+    lines = ["## Op benchmark (one decoder layer's LoRA work; ms, and ratios: below 1 is faster than the peer)", ""]
+    if not report:
+        return lines + ["(no op-benchmark result)"]
+    rows = op_rows(report.get("rows", []))
+    providers = report.get("intel_xpu_providers") or {}
+    if providers:
+        lines.append("intel_xpu providers (eager / in graphs): "
+                     + ", ".join(f"{op} {p['eager']} / {p['graph']}" for op, p in providers.items()))
+    if report.get("graph_verdicts"):
+        lines.append("Trial captures: " + ", ".join(f"{op} {'safe' if v['capture_safe'] else 'falls back'}"
+                                                    for op, v in report["graph_verdicts"].items()))
+    for title, target in OP_TARGETS.items():
+        values = [row[title] for row in rows if title in row]
+        if values:
+            lines.append(f"- {title}: {sum(v <= target for v in values)}/{len(values)} points within {target}x, "
+                         f"worst {max(values):.3g}, best {min(values):.3g}")
+    point = [("model", "model"), ("mode", "mode"), ("max rank", "rank"), ("rank", "real_rank"), ("adapters", "adapters"),
+             ("tokens", "tokens"), ("dtype", "dtype")]
+    timings = [("intel_xpu", "intel_xpu_ms"), ("triton", "triton_ms"), ("csgmv", "csgmv_ms"), ("intel_xpu graph", "intel_xpu_graph_ms"),
+               ("triton graph", "triton_graph_ms"), ("csgmv graph", "csgmv_graph_ms"), ("intel_xpu backend", "intel_xpu_eager_ms"),
+               ("triton backend", "triton_backend_ms"), ("portable", "portable_ms"), ("torch_native", "torch_native_ms")]
+    ratios = [(title, title) for title in OP_RATIOS]
+    errors = [("intel_xpu max error", "intel_xpu_max_error"), ("graph max error", "intel_xpu_graph_max_error")]
+    return lines + ["", "Ratios:", "", *_table(rows, point + ratios), "", "Times (ms) and errors (relative to the float64 reference):",
+                    "", *_table(rows, point + timings + errors)]
+
+
+def serving_rows(folder: Path) -> list[dict]:
+    """One row per ``<backend>-<scenario>.jsonl`` of bench_serving.sh (the last record of each), with
+    ``intel_xpu``'s output tokens/s over the faster peer's of the same scenario and decode mode."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        backend, _, scenario = path.stem.rpartition("-")
+        try:
+            record = json.loads(path.read_text().splitlines()[-1])
+        except (IndexError, ValueError):
+            continue
+        rows.append(dict(backend=backend, scenario=scenario, completed=record.get("completed"),
+                         output_tok_s=record.get("output_throughput"), median_ttft_ms=record.get("median_ttft_ms"),
+                         median_itl_ms=record.get("median_itl_ms")))
+    for row in rows:
+        graphs = row["backend"].endswith("+graphs")
+        if row["backend"].partition("+")[0] != "intel_xpu" or not row["output_tok_s"]:
+            continue
+        peers = [r["output_tok_s"] for r in rows if r["scenario"] == row["scenario"] and r["backend"].endswith("+graphs") == graphs
+                 and r["backend"].partition("+")[0] in ("triton", "csgmv") and r["output_tok_s"]]
+        if peers:
+            row["vs_best_peer"] = row["output_tok_s"] / max(peers)
+    return rows
+
+
+def serving_section(out: Path, step: Optional[Step]) -> list[str]:
+    lines = ["## Serving (SGLang's serving benchmark, examples/xpu/bench_serving.sh)", ""]
+    if step is None or step.status == "skipped":
+        return lines + [step.error if step else "not selected (--steps)"]
+    return lines + _table(serving_rows(out / "serving"), [
+        ("backend", "backend"), ("scenario", "scenario"), ("requests completed", "completed"), ("output tok/s", "output_tok_s"),
+        ("median TTFT ms", "median_ttft_ms"), ("median ITL ms", "median_itl_ms"),
+        ("intel_xpu tok/s / best peer", "vs_best_peer")])
+
+
+def sync_section(report: Optional[dict]) -> list[str]:
+    lines = ["## Sync cost (the native ops' host reads per eager decode step, stood in on this device)", ""]
+    if not report:
+        return lines + ["(no sync-cost result)"]
+    return lines + _table(report.get("rows", []), [
+        ("tokens", "tokens"), ("layers", "layers"), ("host reads", "syncs_per_step"), ("base ms", "base_ms"),
+        ("sync-free ms", "triton_ms"), ("with reads ms", "synced_ms"), ("added ms", "added_ms"), ("us per read", "us_per_sync"),
+        ("step ratio", "step_ratio"), ("LoRA ratio", "lora_ratio")])
+
+
+def raw_section(out: Path, steps: list[Step]) -> list[str]:
+    lines = ["## Raw results", ""]
+    for step in steps:
+        for name in step.files:
+            lines += [f"<details><summary>{name}</summary>", "", "```json", (out / name).read_text().strip(), "```", "", "</details>", ""]
+    return lines
+
+
+def write_report(args, steps: list[Step]) -> Path:
+    """``args.out/REPORT`` and ``args.out/kit.json`` from the steps' records and files."""
+    out = args.out
+    by_name = {s.name: s for s in steps}
+    loaded: Callable[[str], Optional[dict]] = lambda name: _load(out, by_name[name]) if name in by_name else None  # noqa: E731
+    sections = [
+        [f"# sglang-xpu-lora measurement report ({args.device}{', quick' if args.quick else ''})", "",
+         f"`python -m benchmarks.kit {' '.join(args.argv)}`; attach this file to an issue."],
+        machine_section(args), steps_section(steps), doctor_section(loaded("doctor")), probe_section(loaded("capture_probe")),
+        ops_section(loaded("ops")), serving_section(out, by_name.get("serving")), sync_section(loaded("sync_cost")),
+        raw_section(out, steps),
+    ]
+    path = out / REPORT
+    path.write_text("\n".join(line for section in sections for line in [*section, ""]))
+    (out / "kit.json").write_text(json.dumps({"device": args.device, "quick": args.quick,
+                                              "steps": [dataclasses.asdict(s) for s in steps]}, indent=1))
+    return path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="xpu", choices=("xpu", "cuda", "cpu"))
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report and every step's files")
+    parser.add_argument("--quick", action="store_true", help="the benchmarks' smallest sizes (tests, a first look)")
+    parser.add_argument("--model", help="base model (path or hub id) for the serving step")
+    parser.add_argument("--adapters", help='"name=path name=path ..." PEFT adapters for the serving step')
+    parser.add_argument("--steps", type=lambda s: s.split(","), default=list(STEPS),
+                        help=f"comma-separated subset of {','.join(STEPS)} (default: all)")
+    parser.add_argument("--step-timeout", type=float, default=3600, help="seconds one step may run before it is stopped")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    unknown = set(args.steps) - set(STEPS)
+    if unknown:
+        parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = []
+    for name, command, files, env in plan(args):
+        print(f"[kit] {name} ...", flush=True)
+        steps.append(run_step(name, command, files, env, args.out, args.step_timeout))
+        print(f"[kit] {name}: {steps[-1].status} ({steps[-1].seconds:.1f} s) {steps[-1].error.splitlines()[0] if steps[-1].error else ''}",
+              flush=True)
+    path = write_report(args, steps)
+    print(f"[kit] wrote {path}")
+    return 0 if all(s.status in ("ok", "skipped") for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

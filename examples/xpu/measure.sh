@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Check and measure --lora-backend intel_xpu on this machine (an Intel GPU by default) and write one
+# report to attach to an issue: doctor, the capture probe, the op benchmark (intel_xpu against
+# SGLang's triton and csgmv kernels, eager and in XPU graphs, adapter ranks below and at
+# --max-lora-rank), SGLang's serving benchmark (with MODEL and ADAPTERS) and the host-sync cost.
+# A failing step is recorded in the report; the others still run. Run it from a checkout of this
+# repository, in the Python environment that serves (torch XPU, SGLang, sglang-xpu-lora):
+#
+#   bash examples/xpu/measure.sh                      # -> sglang-xpu-lora-report/sglang-xpu-lora-report.md
+#   MODEL=meta-llama/Llama-3.1-8B-Instruct ADAPTERS="a=/path/a b=/path/b c=/path/c d=/path/d" \
+#       bash examples/xpu/measure.sh
+#
+# Settings, from the environment: OUT=sglang-xpu-lora-report (the folder), DEVICE=xpu,
+# MODEL, ADAPTERS, QUICK=1 (the smallest sizes: a first look in minutes), PYTHON=python;
+# bench_serving.sh's own (BACKENDS, SCENARIOS, PORT, MAX_LORA_RANK, EXTRA_ARGS, ...) apply to the
+# serving step. More options (--steps, --step-timeout): python -m benchmarks.kit --help; any given
+# here are passed on.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+args=(--device "${DEVICE:-xpu}" --out "$(realpath -m "${OUT:-sglang-xpu-lora-report}")")
+[ -z "${MODEL:-}" ] || args+=(--model "$MODEL")
+[ -z "${ADAPTERS:-}" ] || args+=(--adapters "$ADAPTERS")
+[ -z "${QUICK:-}" ] || args+=(--quick)
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python}" -m benchmarks.kit "${args[@]}" "$@"
