@@ -132,7 +132,7 @@ def expected_slots(adapter_dir, base_dir, rank: int, shapes: dict) -> dict:
             lora_rank = next(peft[(path, "A")].shape[0] for path in paths if (path, "A") in peft)
             for p, path in enumerate(paths):
                 if (path, "A") in peft:
-                    place(f"{name}/{fused}/{layer}/A", peft[(path, "A")], rows=p * MAX_RANK)
+                    place(f"{name}/{fused}/{layer}/A", peft[(path, "A")], rows=p * lora_rank)  # SGLang's packed layout
             shares = [rank_share(peft[(path, "B")], 0, rank) if (path, "B") in peft else torch.zeros(outs[part] // TP, lora_rank)
                       for part, path in zip(parts, paths)]
             place(f"{name}/{fused}/{layer}/B", torch.cat(shares))
