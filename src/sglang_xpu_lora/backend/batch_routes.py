@@ -131,10 +131,19 @@ class ChunkedRouting:
 MULTI_SLICE_EXPANDS = ("qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd")
 
 
+#: The bound ops (and chunked-expand forms, ``batch_binding.UNIFORM_BAND_FORMS``) a route calls,
+#: for permuted batches and for contiguous ones: only these are bound.
+PERMUTED_ROUTE_OPS = (
+    "chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd", "chunked_expand_one_band", "chunked_expand_two_bands",
+)
+CONTIGUOUS_ROUTE_OPS = ("sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd")
+
+
 class BatchRoute:
     """How the LoRA modules of one batch info (``info``) are computed in this batch.
 
-    Built once per batch from the op table's batch-bound ops (``OpSelection.bind_batch``,
+    Built once per batch from the op table's batch-bound ops (``OpSelection.bind_batch`` of
+    :data:`PERMUTED_ROUTE_OPS` or :data:`CONTIGUOUS_ROUTE_OPS`,
     :mod:`sglang_xpu_lora.providers.batch_binding`); the backend's ``run_*`` methods call its four
     module callables, which take only per-call tensors and host integers:
 
@@ -174,18 +183,20 @@ class BatchRoute:
         uniform_offsets: Callable[[int, int], torch.Tensor],
         chunked: Optional[ChunkedRouting] = None,
     ):
-        if chunked is not None and spaced:
-            raise ValueError("the chunked-SGMV kernels are Triton's: a route with spaced-slice expands cannot chunk")
+        if chunked is not None and "chunked_sgmv_lora_expand_fwd" in spaced:
+            raise ValueError("the chunked-SGMV kernels are Triton's: a route whose chunked expand reads spaced slices cannot chunk")
         self.info, self.permuted = info, info.permutation is not None
         self._ops, self._spaced, self._chunked, self._uniform_offsets = ops, spaced, chunked, uniform_offsets
         self._spacing: dict = {}  # (rows, num_slices, capturing) -> spacing index
         if self.permuted:
-            self.shrink, self.expand = ops.chunked_sgmv_lora_shrink_fwd, ops.chunked_expand_one_band
-            self._gate_up, gate_up_spaced = ops.chunked_expand_two_bands, "chunked_sgmv_lora_expand_fwd" in spaced
-            self.expand_slices = self._expand_slices_spaced if gate_up_spaced else ops.chunked_sgmv_lora_expand_fwd
+            gate_up_spaced = "chunked_sgmv_lora_expand_fwd" in spaced
             if chunked is not None:
-                self.shrink, self.expand, self.expand_slices = self._shrink_chunked, self._expand_chunked, self._expand_slices_chunked
-                self._gate_up = self._expand_gate_up_chunked
+                self.shrink, self.expand = self._shrink_chunked, self._expand_chunked
+                self.expand_slices, self._gate_up = self._expand_slices_chunked, self._expand_gate_up_chunked
+            else:
+                self.shrink, self.expand = ops.chunked_sgmv_lora_shrink_fwd, ops.chunked_expand_one_band
+                self.expand_slices = self._expand_slices_spaced if gate_up_spaced else ops.chunked_sgmv_lora_expand_fwd
+                self._gate_up = ops.chunked_expand_two_bands
         else:
             self.shrink, self.expand = ops.sgemm_lora_a_fwd, ops.sgemm_lora_b_fwd
             self._gate_up, gate_up_spaced = ops.gate_up_lora_b_fwd, "gate_up_lora_b_fwd" in spaced

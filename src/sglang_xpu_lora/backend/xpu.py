@@ -53,16 +53,15 @@ from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
 from sglang_xpu_lora.backend.batch_routes import (
-    MULTI_SLICE_EXPANDS, BatchRoute, ChunkedDecodeRule, ChunkedRouting, chunk_segments, max_chunks,
+    CONTIGUOUS_ROUTE_OPS, MULTI_SLICE_EXPANDS, PERMUTED_ROUTE_OPS, BatchRoute, ChunkedDecodeRule, ChunkedRouting,
+    chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
 from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops
-from sglang_xpu_lora.providers.batch_binding import batch_arguments
+from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
 from sglang_xpu_lora.providers.selection import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
 
-#: The permuted ops whose Triton implementation may run SGLang's chunked-SGMV kernels.
-PERMUTED_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +217,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
         Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`)
-        and builds the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, slice-spacing
+        and for the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, slice-spacing
         indices), so both are computed once per batch rather than once per op. The first batch after
         the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
@@ -229,7 +228,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
-        self._prepare_routes()
+        self._prepare_routes(build_now=use_cuda_graph or use_prefill_cuda_graph)
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
@@ -258,16 +257,22 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     # --- per-batch routes: what every op of the batch takes (backend/batch_routes.py) ----------
 
-    def _prepare_routes(self) -> None:
-        """Once per batch: the :class:`BatchRoute` of each batch info (op table, index arguments,
-        kernel batch info, chunk routing), so the ``run_*`` calls only call their ops."""
+    def _prepare_routes(self, build_now: bool = True) -> None:
+        """Once per batch: forget the last batch's routes and, with ``build_now``, build the
+        :class:`BatchRoute` of each batch info (bound ops, chunk routing), so the ``run_*`` calls
+        only call their ops. Eager batches (``build_now`` False) build each route at its first
+        use instead (:meth:`_route`): no graph capture can be under way for them, and a decode
+        batch's request view, which no LoRA module reads, then costs nothing. Graph batches
+        build them all here, before any capture."""
         self._routes, self._last_info, self._last_route = {}, None, None
-        for info in self._batch_infos():
-            self._routes[id(info)] = self._make_route(info)
+        if build_now:
+            for info in self._batch_infos():
+                self._routes[id(info)] = self._make_route(info)
 
     def _route(self, info: LoRABatchInfo) -> BatchRoute:
-        """The route prepared for ``info`` in this batch, or one built now for a view made later
-        (same slots, same ranks); ids are unique keys, since each route holds its info alive.
+        """The route prepared for ``info`` in this batch, or one built now (an eager batch's info at
+        its first use, a view made later: same slots, same ranks); ids are unique keys, since each
+        route holds its info alive.
         Remembered as the last route: the ``run_*`` methods call this only for another batch info
         than the last one (``self._last_route if info is self._last_info else self._route(info)``),
         so a layer's calls do no lookup."""
@@ -284,18 +289,19 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         use_graph, selection = info.use_cuda_graph, self.op_selection
         chunked = None
         if info.permutation is not None and (self._graph_chunks is not None if use_graph else self._may_chunk(False, info.max_len)):
-            chunked = self._chunk_routing(info, info)
-        spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if selection.reads_spaced_slices(op, use_graph))
-        ops = selection.bind_batch(use_graph, info, self._uniform_offsets)
+            chunked = self._chunk_routing(info)
+        names = PERMUTED_ROUTE_OPS if info.permutation is not None else CONTIGUOUS_ROUTE_OPS
+        spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if op in names and selection.reads_spaced_slices(op, use_graph))
+        ops = selection.bind_batch(use_graph, info, self._uniform_offsets, names)
         return BatchRoute(info, ops, spaced, self._uniform_offsets, chunked)
 
     def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
         """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
         applies to that many rows and the permuted ops of the table are Triton's."""
         choices = self.op_selection.graph_choices if use_graph else self.op_selection.choices
-        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in PERMUTED_OPS)
+        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in CHUNKED_OPS)
 
-    def _chunk_routing(self, info: LoRABatchInfo, kernel_info: LoRABatchInfo) -> ChunkedRouting:
+    def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
         """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
         chunks of its ``max_len`` tokens; in a decode graph (whenever graphs may chunk: SGLang
         prepares the live batch, the graph replayed may have been captured at a larger size), into
@@ -308,7 +314,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         else:
             count = max_chunks(info.max_len, num_slots, rule.chunk_size)
             indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
-        return ChunkedRouting(kernel_info, indptr, slots, num_slots, rule)
+        return ChunkedRouting(info, indptr, slots, num_slots, rule)
 
     def _uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and

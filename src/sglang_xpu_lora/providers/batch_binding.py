@@ -1,8 +1,9 @@
 """The interface's ops bound to one batch: callables that take only what varies per LoRA module.
 
 SGLang calls a LoRA backend a few hundred times per decode step, always for the same batch. So the
-backend binds each op of its table to the batch once (``OpSelection.bind_batch``, at
-``prepare_lora_batch``) and per call passes only the module's tensors and host integers,
+backend binds the ops of its table to the batch once (``OpSelection.bind_batch``, when it builds the
+batch's routes: at ``prepare_lora_batch`` for graph batches, at the first call for eager ones) and
+per call passes only the module's tensors and host integers,
 positionally, in the order of :data:`BOUND_PARAMETERS`; the batch's ``seg_indptr``,
 ``weight_indices``, ``lora_ranks``, ``scalings``, ``num_segments``, ``permutation`` and SGLang's
 ``LoRABatchInfo`` are already in the callable. Semantics, shapes and dtypes are those of
@@ -15,9 +16,9 @@ How an op is bound depends on its provider:
 * native and portable ops: :func:`bind_keywords`, around the table's keyword function.
 
 The embedding op is not bound (one call per forward; the backend calls the table entry).
-Binding reads no device memory on the host and creates no tensors; a bound op creates none
-besides its result, except a native or portable permuted op's ``permutation[:rows]`` view, made
-at its first use per row count and kept for the batch.
+Binding reads no device memory on the host and creates no tensors. A bound Triton op calls its
+kernel and nothing else; a bound native or portable permuted op adds the ``permutation[:rows]``
+view, made at its first use per row count and kept for the batch.
 """
 
 from __future__ import annotations
@@ -114,27 +115,30 @@ def bind_uniform_bands(bands: int, expand: Callable[..., torch.Tensor], uniform_
     return two_bands
 
 
-def bind_table(table: types.SimpleNamespace, providers: dict, info, uniform_offsets) -> types.SimpleNamespace:
-    """The ops of :data:`BOUND_PARAMETERS` and the forms of :data:`UNIFORM_BAND_FORMS` of the op
-    table ``table``, bound to the batch ``info``.
+def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offsets, names) -> types.SimpleNamespace:
+    """The ops of :data:`BOUND_PARAMETERS` and the forms of :data:`UNIFORM_BAND_FORMS` named in
+    ``names`` (a form needs ``chunked_sgmv_lora_expand_fwd`` named too) of the op table ``table``,
+    bound to the batch ``info``.
 
     Args:
         table: an op table (:class:`.selection.OpSelection` ``eager`` or ``graph``).
-        providers: op -> the provider name that serves it in ``table`` (``triton``, ``native``,
-            ``torch``).
+        choices: op -> :class:`.selection.OpChoice` of ``table`` (which provider serves each op).
         info: SGLang's ``LoRABatchInfo`` of the batch (the kernels' batch info).
         uniform_offsets: ``(bands, band_size) -> (bands + 1,)`` int32 persistent device offsets.
+        names: the op and form names to bind.
 
     Returns:
         A namespace with one batch-bound callable per name.
     """
     from sglang_xpu_lora.providers import triton_ops
 
-    bound = {
-        op: triton_ops.bind(op, info) if providers[op] == "triton" else bind_keywords(op, getattr(table, op), info)
-        for op in BOUND_PARAMETERS
-    }
-    expand = "chunked_sgmv_lora_expand_fwd"
-    for form, bands in UNIFORM_BAND_FORMS.items():
-        bound[form] = triton_ops.bind(form, info) if providers[expand] == "triton" else bind_uniform_bands(bands, bound[expand], uniform_offsets)
+    bound = {}
+    for name in names:
+        op = "chunked_sgmv_lora_expand_fwd" if name in UNIFORM_BAND_FORMS else name
+        if choices[op].provider == "triton":
+            bound[name] = triton_ops.bind(name, info)
+        elif name in UNIFORM_BAND_FORMS:
+            bound[name] = bind_uniform_bands(UNIFORM_BAND_FORMS[name], bound[op], uniform_offsets)
+        else:
+            bound[name] = bind_keywords(name, getattr(table, name), info)
     return types.SimpleNamespace(**bound)
