@@ -86,7 +86,9 @@ def triton_backend(monkeypatch, sglang_plugins_loaded):
 
 def module_weights(seed=0):
     """(module, bands, pool A, pool B) of each module of MODULES."""
-    return [(module, bands, *pool_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)) for k, (module, bands) in enumerate(MODULES)]
+    return [
+        (module, bands, *pool_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)) for k, (module, bands) in enumerate(MODULES)
+    ]
 
 
 def run_modules(backend, x, seed=0, weights=None):

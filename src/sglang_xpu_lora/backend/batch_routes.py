@@ -136,7 +136,9 @@ MULTI_SLICE_EXPANDS = ("qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lor
 PERMUTED_ROUTE_OPS = (
     "chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd", "chunked_expand_one_band", "chunked_expand_two_bands",
 )
-CONTIGUOUS_ROUTE_OPS = ("sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd")
+CONTIGUOUS_ROUTE_OPS = (
+    "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd",
+)
 
 
 class BatchRoute:
@@ -184,7 +186,9 @@ class BatchRoute:
         chunked: Optional[ChunkedRouting] = None,
     ):
         if chunked is not None and "chunked_sgmv_lora_expand_fwd" in spaced:
-            raise ValueError("the chunked-SGMV kernels are Triton's: a route whose chunked expand reads spaced slices cannot chunk")
+            raise ValueError(
+                "the chunked-SGMV kernels are Triton's: a route whose chunked expand reads spaced slices cannot chunk"
+            )
         self.info, self.permuted = info, info.permutation is not None
         self._ops, self._spaced, self._chunked, self._uniform_offsets = ops, spaced, chunked, uniform_offsets
         self._spacing: dict = {}  # (rows, num_slices, capturing) -> spacing index
@@ -207,13 +211,14 @@ class BatchRoute:
 
     def _spaced_input(self, x: torch.Tensor, num_slices: int) -> torch.Tensor:
         """``x`` (packed) with slice ``p`` moved to columns ``p * max_lora_rank``, zero rank tails."""
-        key = (x.shape[0], num_slices, capturing(x.device))
+        rows = x.shape[0]
+        key = (rows, num_slices, capturing(x.device))
         index = self._spacing.get(key)
         if index is None:
             info = self.info
-            permutation = None if info.permutation is None else info.permutation[: x.shape[0]]
+            permutation = None if info.permutation is None else info.permutation[:rows]
             index = self._spacing[key] = slice_layout.spacing_index(
-                info.seg_indptr, info.weight_indices, info.lora_ranks, x.shape[0], num_slices, x.shape[1] // num_slices, permutation,
+                info.seg_indptr, info.weight_indices, info.lora_ranks, rows, num_slices, x.shape[1] // num_slices, permutation,
             )
         return slice_layout.spaced_slices(x, index)
 

@@ -288,7 +288,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         the chunk routing where the permuted ops may run the chunked kernels."""
         use_graph, selection = info.use_cuda_graph, self.op_selection
         chunked = None
-        if info.permutation is not None and (self._graph_chunks is not None if use_graph else self._may_chunk(False, info.max_len)):
+        may_chunk = self._graph_chunks is not None if use_graph else self._may_chunk(False, info.max_len)
+        if info.permutation is not None and may_chunk:
             chunked = self._chunk_routing(info)
         names = PERMUTED_ROUTE_OPS if info.permutation is not None else CONTIGUOUS_ROUTE_OPS
         spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if op in names and selection.reads_spaced_slices(op, use_graph))
