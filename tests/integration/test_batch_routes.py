@@ -13,6 +13,8 @@ import types
 
 import pytest
 import torch
+from sglang.srt.lora.utils import LoRABatchInfo
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lora_helpers import forward_batch, lora_reference, pool_weights
 
@@ -20,6 +22,7 @@ MAX_LORAS, RANK, HIDDEN = 3, 4, 16
 RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
 #: (module, band widths): q/k/v, equal gate/up, one slice.
 MODULES = (("qkv", (8, 4, 4)), ("gate_up", (6, 6)), ("o", (10,)))
+QKV_OFFSETS = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
 
 
 def chunks_by_hand(lens, chunk_size):
@@ -81,14 +84,19 @@ def triton_backend(monkeypatch, sglang_plugins_loaded):
     return make
 
 
-def run_modules(backend, x, seed=0):
+def module_weights(seed=0):
+    """(module, bands, pool A, pool B) of each module of MODULES."""
+    return [
+        (module, bands, *pool_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)) for k, (module, bands) in enumerate(MODULES)
+    ]
+
+
+def run_modules(backend, x, seed=0, weights=None):
     """Each module through the backend's run_* method, with its float64 reference."""
     outputs = []
-    for k, (module, bands) in enumerate(MODULES):
-        packed, b = pool_weights(RANKS, len(bands), bands, RANK, HIDDEN, seed + k)
+    for module, bands, packed, b in weights or module_weights(seed):
         if module == "qkv":
-            offsets = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
-            out = backend.run_qkv_lora(x=x, qkv_lora_a=packed, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8)
+            out = backend.run_qkv_lora(x=x, qkv_lora_a=packed, qkv_lora_b=b, output_offset=QKV_OFFSETS, max_qkv_out_dim=8)
         elif module == "gate_up":
             out = backend.run_gate_up_lora(x=x, gate_up_lora_a=packed, gate_up_lora_b=b)
         else:
@@ -130,6 +138,28 @@ def test_eager_decode_both_kernel_branches_are_exact(triton_backend, kernel_call
     assert kernel_calls == kernels
 
 
+def test_chunked_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend, kernel_calls):
+    """A real Intel box's eager table: native (here: portable) prefill expands that read spaced
+    slices, Triton decode ops; the decode route chunks and stays exact (only the permuted ops'
+    providers matter to it)."""
+    import dataclasses
+
+    from sglang_xpu_lora.providers.selection import OpChoice
+
+    backend = triton_backend(1)
+    selection = backend.op_selection
+    portable = {op: OpChoice(op, "torch", "test", True) for op in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd")}
+    backend.op_selection = dataclasses.replace(selection, choices={**selection.choices, **portable})
+    assert backend.op_selection.reads_spaced_slices("qkv_lora_b_fwd", False)
+    slots = [1] * 17 + [2, 0, 2]
+    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+    x = torch.randn(len(slots), HIDDEN)
+    kernel_calls.clear()
+    for out, a, b, bands in run_modules(backend, x):
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
+    assert kernel_calls == CHUNKED
+
+
 @pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (16, CHUNKED)], ids=["dense", "chunked"])
 def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend, kernel_calls, min_tokens, kernels):
     """Decode-graph batch infos: the chunk routing lives in persistent buffers sized for the
@@ -154,9 +184,10 @@ def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend,
 
 
 def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backend, monkeypatch):
-    """A layer's run_* calls reuse the batch's prepared routes and the persistent slice offsets;
-    offsets first built while a graph is being captured are not kept (their values exist only
-    once that graph runs)."""
+    """A layer's run_* calls reuse the batch's routes: an eager batch builds the one route its
+    modules use at the first call, a graph batch every route at preparation, no later call builds
+    one; the persistent slice offsets are built once per shape, and offsets first built while a
+    graph is being captured are not kept (their values exist only once that graph runs)."""
     from sglang_xpu_lora.backend import xpu
 
     backend = triton_backend(None)
@@ -164,14 +195,90 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     make_route = backend._make_route
     monkeypatch.setattr(backend, "_make_route", lambda info: built.append(info) or make_route(info))
     slots = [1, 2, 1, 0]
-    for _ in range(2):
-        backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
-        prepared = len(built)
-        for _ in range(3):  # three layers
+    for use_graph in (False, False, True):
+        if use_graph:
+            backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
+        before = len(built)
+        backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, use_graph)
+        assert len(built) - before == (len(backend._batch_infos()) if use_graph else 0)
+        run_modules(backend, torch.randn(len(slots), HIDDEN))
+        after_first_layer = len(built)
+        assert after_first_layer - before == (len(backend._batch_infos()) if use_graph else 1)
+        for _ in range(2):  # two more layers
             run_modules(backend, torch.randn(len(slots), HIDDEN))
-        assert len(built) == prepared  # nothing built per op
+        assert len(built) == after_first_layer  # nothing built per op
     offsets = backend._uniform_offsets(2, 6)
     assert offsets.tolist() == [0, 6, 12] and backend._uniform_offsets(2, 6) is offsets
     monkeypatch.setattr(xpu, "capturing", lambda device: True)
     in_capture = backend._uniform_offsets(2, 7)
     assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend._slice_offsets
+
+
+class KernelCalls(TorchDispatchMode):
+    """Records SGLang's Triton kernel calls (name, positional argument types, keyword names) and
+    every aten op run outside them (tensors made or touched by the backend's own per-call code)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.own_ops, self._in_kernel = [], [], False
+
+    def wrap(self, fn):
+        def kernel(*args, **kwargs):
+            self.calls.append((fn.__name__, args, tuple(sorted(kwargs))))
+            self._in_kernel = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in_kernel = False
+
+        return kernel
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        if not self._in_kernel:
+            self.own_ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_no_tensors(triton_backend, monkeypatch):
+    """Eager decode on the Triton provider: after the first layer (which binds the batch's ops),
+    every run_* call is SGLang's kernel called with the prepared batch info, positionally, the same
+    calls TritonLoRABackend makes for the same layer; no aten op runs outside the kernels (no index
+    slicing, offsets or copies per call); the outputs match the float64 reference."""
+    from sglang.srt.lora.backend import triton_backend as sglang_triton
+
+    from sglang_xpu_lora.providers import triton_ops
+
+    kernels, recorder = triton_ops._kernels(), KernelCalls()
+    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b"):
+        monkeypatch.setattr(kernels, name, recorder.wrap(getattr(kernels, name)))
+    for name in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "sgemm_lora_b_fwd"):
+        monkeypatch.setattr(sglang_triton, name, recorder.wrap(getattr(sglang_triton, name)))
+    binds = []
+    bind = triton_ops.bind
+    monkeypatch.setattr(triton_ops, "bind", lambda op, info: binds.append(op) or bind(op, info))
+
+    slots = [1, 2, 1, 0, 2]
+    x = torch.randn(len(slots), HIDDEN)
+    peer = sglang_triton.TritonLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    backend = triton_backend(None)
+    for each in (peer, backend):
+        each.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+    weights = module_weights()
+    run_modules(backend, x, weights=weights)  # the first layer binds the batch's ops
+    bound = len(binds)
+    recorder.calls.clear()
+    with recorder:
+        outputs = run_modules(backend, x, weights=weights)
+    ours, recorder.calls = recorder.calls, []
+    assert len(binds) == bound  # nothing bound per call
+    assert recorder.own_ops == []
+    run_modules(peer, x, weights=weights)
+    expected = recorder.calls
+
+    def shape(calls):
+        return [(name, [type(a) if not isinstance(a, LoRABatchInfo) else "info" for a in args], kw) for name, args, kw in calls]
+
+    assert shape(ours) == shape(expected) and len(ours) == 2 * len(MODULES)
+    assert all(any(a is backend._sgemm_info() for a in args) for _, args, _ in ours)
+    for out, a, b, bands in outputs:
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)

@@ -2,11 +2,14 @@
 
 SGLang calls the backend's ``run_*`` methods once per LoRA module per layer (a few hundred times per
 decode step); everything that depends only on the batch is built here, in ``prepare_lora_batch``
-or graph set-up, so a ``run_*`` call looks up its :class:`BatchRoute` and calls its op(s):
+or graph set-up, so a ``run_*`` call looks up its :class:`BatchRoute` and calls one of its module callables:
 
-* the op table (eager, or capture-safe inside graphs) and the index arguments every op takes
-  (``seg_indptr``, ``weight_indices``, ``lora_ranks``, ``scalings``, ``batch_info``), as dicts;
-* ``permutation[:rows]`` for the permuted (decode) ops, sliced once per row count;
+* the ops of the op table (eager, or capture-safe inside graphs) bound to the batch
+  (``OpSelection.bind_batch``): index tensors, scalings and SGLang's batch info are already in
+  them, so per call only the module's tensors and host integers are passed, positionally (for the
+  Triton provider, SGLang's kernels are called as ``TritonLoRABackend`` calls them);
+* which op serves each module, and whether its input needs the slice gather of the native and
+  portable multi-slice expands, decided once per route;
 * for the permuted ops served by SGLang's Triton kernels, the choice between its dense kernels
   (``sgemm_lora_a_fwd`` and the B kernels, over one segment per slot) and its chunked-SGMV kernels
   (the ``csgmv`` backend's, over segments of at most ``chunk_size`` tokens,
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from sglang_xpu_lora.providers import triton_ops
+from sglang_xpu_lora.providers import slice_layout, triton_ops
+from sglang_xpu_lora.providers.torch_routing.cache import capturing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,68 +126,138 @@ class ChunkedRouting:
         return info
 
 
-class BatchRoute:
-    """How the ops of one batch info (``info``) are called in this batch.
+#: The expands whose native and portable implementations read a multi-slice shrink output with
+#: slice ``p`` at columns ``p * max_lora_rank`` (:mod:`sglang_xpu_lora.providers.slice_layout`).
+MULTI_SLICE_EXPANDS = ("qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd")
 
-    ``ops`` is the op table of the batch (:meth:`OpSelection.for_graph`); ``kernel_info`` the batch
-    info SGLang's Triton kernels read for it; ``chunked`` the chunk routing when the permuted ops
-    may run the chunked kernels (:class:`ChunkedDecodeRule`), else None.
+
+#: The bound ops (and chunked-expand forms, ``batch_binding.UNIFORM_BAND_FORMS``) a route calls,
+#: for permuted batches and for contiguous ones: only these are bound.
+PERMUTED_ROUTE_OPS = (
+    "chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd", "chunked_expand_one_band", "chunked_expand_two_bands",
+)
+CONTIGUOUS_ROUTE_OPS = (
+    "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd",
+)
+
+
+class BatchRoute:
+    """How the LoRA modules of one batch info (``info``) are computed in this batch.
+
+    Built once per batch from the op table's batch-bound ops (``OpSelection.bind_batch`` of
+    :data:`PERMUTED_ROUTE_OPS` or :data:`CONTIGUOUS_ROUTE_OPS`,
+    :mod:`sglang_xpu_lora.providers.batch_binding`); the backend's ``run_*`` methods call its four
+    module callables, which take only per-call tensors and host integers:
+
+    * ``shrink(x, weights, stack_num)``: x ``(s, K)``, weights ``(L, stack_num * R, K)`` ->
+      ``(s, stack_num * R)``, packed (slice ``p`` at columns ``p * rank``);
+    * ``expand(x, weights, base_output)``: one slice; x ``(s, R)``, weights ``(L, N, R)`` ->
+      ``(s, N)``;
+    * ``expand_slices(x, weights, slice_offsets, max_slice_size, num_slices, base_output)``:
+      ``num_slices`` bands at device ``slice_offsets`` ``(num_slices + 1,)`` int32 (q/k/v, MLA's 2,
+      GDN's 4); x ``(s, num_slices * R)``, weights ``(L, N, R)`` -> ``(s, N)``;
+    * ``expand_gate_up(x, weights, output_dim, base_output)``: two equal bands; weights
+      ``(L, 2 * output_dim, R)`` -> ``(s, 2 * output_dim)``.
+
+    Which op serves each, decided here once: contiguous batches (``info.permutation`` None) the
+    prefill ops (``qkv_lora_b_fwd`` for exactly 3 slices, the chunked expand for other counts),
+    permuted ones the chunked ops, or with ``chunked`` (:class:`ChunkedRouting`, Triton only)
+    SGLang's chunked-SGMV kernels from the rule's row count on, shrink and expand alike. Where the
+    op serving a multi-slice expand reads spaced slices (``spaced``, native and portable ops), its
+    input goes through :func:`slice_layout.spaced_slices` first, with an index built once per row
+    count and slice count in this batch (one built while a graph is being captured is kept apart:
+    it is part of that graph). Where no adaptation is needed the module callable is the bound op
+    itself (for permuted one-slice and gate/up modules, the chunked expand's uniform-band forms,
+    ``batch_binding.UNIFORM_BAND_FORMS``). ``uniform_offsets(num_slices, slice_size)`` gives the
+    persistent ``[0, n, 2n, ...]`` offsets the chunked-SGMV kernels read for those modules.
     """
 
-    __slots__ = ("info", "ops", "index", "b_index", "permuted", "chunked", "_rows", "_permutation")
+    __slots__ = (
+        "info", "permuted", "shrink", "expand", "expand_slices", "expand_gate_up",
+        "_ops", "_spaced", "_spacing", "_chunked", "_uniform_offsets", "_gate_up",
+    )
 
-    def __init__(self, info, ops: types.SimpleNamespace, kernel_info, chunked: Optional[ChunkedRouting] = None):
-        self.info, self.ops, self.chunked = info, ops, chunked
-        self.index = dict(
-            seg_indptr=info.seg_indptr, weight_indices=info.weight_indices, lora_ranks=info.lora_ranks,
-            batch_info=kernel_info,
-        )
-        self.b_index = {**self.index, "scalings": info.scalings}
-        self.permuted = info.permutation is not None
-        self._rows, self._permutation = -1, None
-
-    def permutation(self, rows: int) -> Optional[torch.Tensor]:
-        """``info.permutation[:rows]`` (None for contiguous batches), sliced once per row count."""
-        if not self.permuted:
-            return None
-        if rows != self._rows:
-            self._rows, self._permutation = rows, self.info.permutation[:rows]
-        return self._permutation
-
-    def _chunked_info(self, rows: int):
-        chunked = self.chunked
-        return chunked.batch_info(rows) if chunked is not None and chunked.rule.applies(rows) else None
-
-    def shrink(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int) -> torch.Tensor:
-        """(s, K) x (L, stack_num * R, K) -> (s, stack_num * R)."""
-        if not self.permuted:
-            return self.ops.sgemm_lora_a_fwd(input_x=x, weights=weights, stack_num=stack_num, **self.index)
-        rows = x.shape[0]
-        chunked = self._chunked_info(rows)
-        if chunked is not None:
-            return triton_ops.csgmv_shrink_fwd(x, weights, stack_num, batch_info=chunked)
-        return self.ops.chunked_sgmv_lora_shrink_fwd(
-            input_x=x, weights=weights, stack_num=stack_num, num_segments=self.info.num_segments,
-            permutation=self.permutation(rows), **self.index,
-        )
-
-    def chunked_expand(
+    def __init__(
         self,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        slice_offsets: torch.Tensor,
-        max_slice_size: int,
-        num_slices: int,
-        base_output: Optional[torch.Tensor],
-    ) -> torch.Tensor:
-        """``num_slices`` bands at device ``slice_offsets`` (permuted batches, and contiguous ones
-        with a slice count no other B op serves). x: (s, num_slices * R); weights: (L, N, R)."""
+        info,
+        ops: types.SimpleNamespace,
+        spaced: frozenset,
+        uniform_offsets: Callable[[int, int], torch.Tensor],
+        chunked: Optional[ChunkedRouting] = None,
+    ):
+        if chunked is not None and "chunked_sgmv_lora_expand_fwd" in spaced:
+            raise ValueError(
+                "the chunked-SGMV kernels are Triton's: a route whose chunked expand reads spaced slices cannot chunk"
+            )
+        self.info, self.permuted = info, info.permutation is not None
+        self._ops, self._spaced, self._chunked, self._uniform_offsets = ops, spaced, chunked, uniform_offsets
+        self._spacing: dict = {}  # (rows, num_slices, capturing) -> spacing index
+        if self.permuted:
+            gate_up_spaced = "chunked_sgmv_lora_expand_fwd" in spaced
+            if chunked is not None:
+                self.shrink, self.expand = self._shrink_chunked, self._expand_chunked
+                self.expand_slices, self._gate_up = self._expand_slices_chunked, self._expand_gate_up_chunked
+            else:
+                self.shrink, self.expand = ops.chunked_sgmv_lora_shrink_fwd, ops.chunked_expand_one_band
+                self.expand_slices = self._expand_slices_spaced if gate_up_spaced else ops.chunked_sgmv_lora_expand_fwd
+                self._gate_up = ops.chunked_expand_two_bands
+        else:
+            self.shrink, self.expand = ops.sgemm_lora_a_fwd, ops.sgemm_lora_b_fwd
+            self._gate_up, gate_up_spaced = ops.gate_up_lora_b_fwd, "gate_up_lora_b_fwd" in spaced
+            self.expand_slices = self._expand_slices_contiguous
+        self.expand_gate_up = self._expand_gate_up_spaced if gate_up_spaced else self._gate_up
+
+    # --- the slice gather before native / portable multi-slice expands ------------------------
+
+    def _spaced_input(self, x: torch.Tensor, num_slices: int) -> torch.Tensor:
+        """``x`` (packed) with slice ``p`` moved to columns ``p * max_lora_rank``, zero rank tails."""
         rows = x.shape[0]
-        chunked = self._chunked_info(rows) if self.permuted else None
-        if chunked is not None:
-            return triton_ops.csgmv_expand_fwd(x, weights, slice_offsets, max_slice_size, base_output, batch_info=chunked)
-        return self.ops.chunked_sgmv_lora_expand_fwd(
-            input_x=x, weights=weights, slice_offsets=slice_offsets, max_slice_size=max_slice_size,
-            num_slices=num_slices, num_segments=self.info.num_segments, permutation=self.permutation(rows),
-            base_output=base_output, **self.b_index,
-        )
+        key = (rows, num_slices, capturing(x.device))
+        index = self._spacing.get(key)
+        if index is None:
+            info = self.info
+            permutation = None if info.permutation is None else info.permutation[:rows]
+            index = self._spacing[key] = slice_layout.spacing_index(
+                info.seg_indptr, info.weight_indices, info.lora_ranks, rows, num_slices, x.shape[1] // num_slices, permutation,
+            )
+        return slice_layout.spaced_slices(x, index)
+
+    def _expand_gate_up_spaced(self, x, weights, output_dim, base_output):
+        return self._gate_up(self._spaced_input(x, 2), weights, output_dim, base_output)
+
+    def _expand_slices_spaced(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+        """The chunked expand, its input spaced first where its provider reads spaced slices."""
+        if num_slices > 1 and "chunked_sgmv_lora_expand_fwd" in self._spaced:
+            x = self._spaced_input(x, num_slices)
+        return self._ops.chunked_sgmv_lora_expand_fwd(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
+
+    def _expand_slices_contiguous(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+        """``qkv_lora_b_fwd`` for exactly 3 slices, the chunked expand for other counts."""
+        if num_slices == 3:
+            if "qkv_lora_b_fwd" in self._spaced:
+                x = self._spaced_input(x, 3)
+            return self._ops.qkv_lora_b_fwd(x, weights, slice_offsets, max_slice_size, base_output)
+        return self._expand_slices_spaced(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
+
+    # --- permuted batches on SGLang's chunked-SGMV kernels (ChunkedDecodeRule) -------------------
+
+    def _shrink_chunked(self, x, weights, stack_num):
+        rows = x.shape[0]
+        if self._chunked.rule.applies(rows):
+            return triton_ops.csgmv_shrink_fwd(x, weights, stack_num, batch_info=self._chunked.batch_info(rows))
+        return self._ops.chunked_sgmv_lora_shrink_fwd(x, weights, stack_num)
+
+    def _expand_slices_chunked(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+        rows = x.shape[0]  # the shrink's rows: both take the same branch
+        if self._chunked.rule.applies(rows):
+            return triton_ops.csgmv_expand_fwd(
+                x, weights, slice_offsets, max_slice_size, base_output, batch_info=self._chunked.batch_info(rows)
+            )
+        return self._ops.chunked_sgmv_lora_expand_fwd(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
+
+    def _expand_chunked(self, x, weights, base_output):
+        out_dim = weights.shape[-2]
+        return self._expand_slices_chunked(x, weights, self._uniform_offsets(1, out_dim), out_dim, 1, base_output)
+
+    def _expand_gate_up_chunked(self, x, weights, output_dim, base_output):
+        return self._expand_slices_chunked(x, weights, self._uniform_offsets(2, output_dim), output_dim, 2, base_output)

@@ -9,7 +9,7 @@ selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLan
 kernels, or the portable PyTorch ops. The only data movement here is placing a prefix-partition
 layer's result into its leading output columns (:func:`_onto_leading_columns`) and, before a
 native or portable multi-slice expand, moving the shrink output's slices to ``p * max_lora_rank``
-(:meth:`_expand_input`: one gather per layer, its index built once per batch).
+(the batch route's slice gather: one per layer, its index built once per batch).
 
 Pool layout: SGLang's packed one for every provider (stacked LoRA-A slice ``p`` at row ``p * r``),
 and every provider gets each slot's real rank (SGLang's Triton kernels read only ``[0, r)``). The
@@ -23,7 +23,8 @@ refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.outside_l
 
 Per-op work is prepared once per batch (:mod:`sglang_xpu_lora.backend.batch_routes`): each
 ``run_*`` call looks up the :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` of its batch
-info (op table, index arguments, permutation slice, kernel batch info) and calls its op(s); for
+info and calls its module callables (the table's ops bound to the batch, the slice gather decided
+per route), passing only the module's tensors and host integers; for
 permuted batches on the Triton provider the route may run SGLang's chunked-SGMV kernels instead of
 its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
 
@@ -51,14 +52,16 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule, ChunkedRouting, chunk_segments, max_chunks
+from sglang_xpu_lora.backend.batch_routes import (
+    CONTIGUOUS_ROUTE_OPS, MULTI_SLICE_EXPANDS, PERMUTED_ROUTE_OPS, BatchRoute, ChunkedDecodeRule, ChunkedRouting,
+    chunk_segments, max_chunks,
+)
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import capture_probe, native, select_ops, slice_layout, torch_ops
+from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops
+from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
 from sglang_xpu_lora.providers.selection import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
 
-#: The permuted ops whose Triton implementation may run SGLang's chunked-SGMV kernels.
-PERMUTED_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +104,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: Whether pool slots must be zeroed before each load (read by the plugin's pool patch).
         self.needs_zeroed_slots = self.op_selection.needs_zeroed_slots
         self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
-        self._spacing_indices: dict = {}  # this batch's slice-spacing gather indices (:meth:`_spacing_index`)
+        self._last_info: Optional[LoRABatchInfo] = None  # the batch info of the last route used (:meth:`_route`)
+        self._last_route: Optional[BatchRoute] = None
         self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
         self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
@@ -213,8 +217,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
         Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`)
-        and for the slice-spacing indices (:meth:`_spacing_index`), so both are computed once per
-        batch rather than once per op. The first batch after
+        and for the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, slice-spacing
+        indices), so both are computed once per batch rather than once per op. The first batch after
         the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
         self._check_memory_pool()
@@ -224,8 +228,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
-        self._spacing_indices.clear()
-        self._prepare_routes()
+        self._prepare_routes(build_now=use_cuda_graph or use_prefill_cuda_graph)
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
@@ -233,7 +236,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
-        self._spacing_indices.clear()
         self._prepare_routes()
 
     def _batch_infos(self) -> list:
@@ -255,37 +257,52 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     # --- per-batch routes: what every op of the batch takes (backend/batch_routes.py) ----------
 
-    def _prepare_routes(self) -> None:
-        """Once per batch: the :class:`BatchRoute` of each batch info (op table, index arguments,
-        kernel batch info, chunk routing), so the ``run_*`` calls only call their ops."""
-        self._routes = {}
-        for info in self._batch_infos():
-            self._routes[id(info)] = self._make_route(info)
+    def _prepare_routes(self, build_now: bool = True) -> None:
+        """Once per batch: forget the last batch's routes and, with ``build_now``, build the
+        :class:`BatchRoute` of each batch info (bound ops, chunk routing), so the ``run_*`` calls
+        only call their ops. Eager batches (``build_now`` False) build each route at its first
+        use instead (:meth:`_route`): no graph capture can be under way for them, and a decode
+        batch's request view, which no LoRA module reads, then costs nothing. Graph batches
+        build them all here, before any capture."""
+        self._routes, self._last_info, self._last_route = {}, None, None
+        if build_now:
+            for info in self._batch_infos():
+                self._routes[id(info)] = self._make_route(info)
 
     def _route(self, info: LoRABatchInfo) -> BatchRoute:
-        """The route prepared for ``info`` in this batch, or one built now for a view made later
-        (same slots, same ranks)."""
+        """The route prepared for ``info`` in this batch, or one built now (an eager batch's info at
+        its first use, a view made later: same slots, same ranks); ids are unique keys, since each
+        route holds its info alive.
+        Remembered as the last route: the ``run_*`` methods call this only for another batch info
+        than the last one (``self._last_route if info is self._last_info else self._route(info)``),
+        so a layer's calls do no lookup."""
         route = self._routes.get(id(info))
-        if route is None or route.info is not info:
+        if route is None:
             route = self._routes[id(info)] = self._make_route(info)
+        self._last_info, self._last_route = info, route
         return route
 
     def _make_route(self, info: LoRABatchInfo) -> BatchRoute:
-        kernel_info = info  # SGLang's Triton kernels read the batch info as is: real ranks on the packed pool
+        """The route of ``info``: its table's ops bound to it (SGLang's Triton kernels read the
+        batch info as is: real ranks on the packed pool), the expands that read spaced slices, and
+        the chunk routing where the permuted ops may run the chunked kernels."""
+        use_graph, selection = info.use_cuda_graph, self.op_selection
         chunked = None
-        if info.permutation is not None and (
-            self._graph_chunks is not None if info.use_cuda_graph else self._may_chunk(False, info.max_len)
-        ):
-            chunked = self._chunk_routing(info, kernel_info)
-        return BatchRoute(info, self.op_selection.for_graph(info.use_cuda_graph), kernel_info, chunked)
+        may_chunk = self._graph_chunks is not None if use_graph else self._may_chunk(False, info.max_len)
+        if info.permutation is not None and may_chunk:
+            chunked = self._chunk_routing(info)
+        names = PERMUTED_ROUTE_OPS if info.permutation is not None else CONTIGUOUS_ROUTE_OPS
+        spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if op in names and selection.reads_spaced_slices(op, use_graph))
+        ops = selection.bind_batch(use_graph, info, self._uniform_offsets, names)
+        return BatchRoute(info, ops, spaced, self._uniform_offsets, chunked)
 
     def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
         """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
         applies to that many rows and the permuted ops of the table are Triton's."""
         choices = self.op_selection.graph_choices if use_graph else self.op_selection.choices
-        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in PERMUTED_OPS)
+        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in CHUNKED_OPS)
 
-    def _chunk_routing(self, info: LoRABatchInfo, kernel_info: LoRABatchInfo) -> ChunkedRouting:
+    def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
         """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
         chunks of its ``max_len`` tokens; in a decode graph (whenever graphs may chunk: SGLang
         prepares the live batch, the graph replayed may have been captured at a larger size), into
@@ -298,7 +315,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         else:
             count = max_chunks(info.max_len, num_slots, rule.chunk_size)
             indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
-        return ChunkedRouting(kernel_info, indptr, slots, num_slots, rule)
+        return ChunkedRouting(info, indptr, slots, num_slots, rule)
 
     def _uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and
@@ -310,33 +327,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             if not capturing(offsets.device):
                 self._slice_offsets[(num_slices, slice_size)] = offsets
         return offsets
-
-    def _expand_input(self, lora_a_output: torch.Tensor, expand_op: str, num_slices: int, info: LoRABatchInfo) -> torch.Tensor:
-        """A shrink's output (packed: slice ``p`` at column ``p * rank``) as expand ``expand_op``
-        reads it: for a native or portable expand of more than one slice, moved to columns
-        ``p * max_lora_rank`` with zero rank tails (one gather, :func:`slice_layout.spaced_slices`);
-        for SGLang's Triton expands and one-slice expands, as it is."""
-        if num_slices == 1 or not self.op_selection.reads_spaced_slices(expand_op, info.use_cuda_graph):
-            return lora_a_output
-        return slice_layout.spaced_slices(lora_a_output, self._spacing_index(info, lora_a_output, num_slices))
-
-    def _spacing_index(self, info: LoRABatchInfo, lora_a_output: torch.Tensor, num_slices: int) -> torch.Tensor:
-        """:func:`slice_layout.spacing_index` of ``info``'s batch for ``lora_a_output``'s rows, built
-        at its first use in a batch and reused by every later layer (forgotten when the next batch
-        is prepared). One built while a graph is being captured is kept apart from eager ones: it
-        is part of the graph, recomputed from the graph's batch-info buffers at every replay."""
-        num_rows = lora_a_output.shape[0]
-        key = (id(info), num_rows, num_slices, capturing(lora_a_output.device))
-        entry = self._spacing_indices.get(key)
-        if entry is None or entry[0] is not info:
-            permutation = None if info.permutation is None else info.permutation[:num_rows]
-            index = slice_layout.spacing_index(
-                info.seg_indptr, info.weight_indices, info.lora_ranks, num_rows, num_slices,
-                lora_a_output.shape[1] // num_slices, permutation,
-            )
-            entry = self._spacing_indices[key] = (info, index)  # keeps ``info`` alive, so its id stays valid
-        return entry[1]
-
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 
@@ -364,14 +354,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 max_len = info.max_len
             else:
                 max_len = self.prefill_cuda_graph_max_tokens
-        route = self._route(info)
-        return route.ops.embedding_lora_a_fwd(
+        return self.op_selection.for_graph(info.use_cuda_graph).embedding_lora_a_fwd(
             input_ids=input_ids,
             weights=weights,
             vocab_size=vocab_size,
             extra_embeddings=extra_embeddings,
             max_len=max_len,
-            **route.index,
+            **batch_arguments("embedding_lora_a_fwd", info),
         )
 
     def run_lora_a_sgemm(
@@ -384,7 +373,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         **kwargs,
     ) -> torch.Tensor:
         """Shrink. x: (s, K); weights: (L, stack_num * R, K) -> (s, stack_num * R), x's dtype."""
-        return self._route(self._sgemm_info(pruned_batch_info)).shrink(x, weights, stack_num)
+        info = self._sgemm_info(pruned_batch_info)
+        return (self._last_route if info is self._last_info else self._route(info)).shrink(x, weights, stack_num)
 
     def run_lora_b_sgemm(
         self,
@@ -400,11 +390,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         ``output_offset`` / ``output_offset_cpu`` from the layers are not needed: one slice
         spans all ``N`` output columns.
         """
-        route = self._route(self._sgemm_info(pruned_batch_info))
-        if not route.permuted:
-            return route.ops.sgemm_lora_b_fwd(input_x=x, weights=weights, base_output=base_output, **route.b_index)
-        out_dim = weights.shape[-2]
-        return route.chunked_expand(x, weights, self._uniform_offsets(1, out_dim), out_dim, 1, base_output)
+        info = self._sgemm_info(pruned_batch_info)
+        return (self._last_route if info is self._last_info else self._route(info)).expand(x, weights, base_output)
 
     def run_qkv_lora(
         self,
@@ -425,26 +412,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         Returns (s, sum of bands).
         """
         info = self._sgemm_info()
-        route = self._route(info)
-        fused_qkv = not route.permuted and n_slices == 3  # else the chunked expand
-        lora_a_output = self._expand_input(
-            route.shrink(x, qkv_lora_a, n_slices),
-            "qkv_lora_b_fwd" if fused_qkv else "chunked_sgmv_lora_expand_fwd", n_slices, info,
-        )
-
-        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
-            if fused_qkv:
-                return route.ops.qkv_lora_b_fwd(
-                    input_x=lora_a_output,
-                    qkv_lora_b=qkv_lora_b,
-                    output_offset=output_offset,
-                    max_qkv_out_dim=max_qkv_out_dim,
-                    base_output=base,
-                    **route.b_index,
-                )
-            return route.chunked_expand(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, base)
-
-        return _onto_leading_columns(base_output, qkv_lora_b.shape[-2], expand)
+        route = self._last_route if info is self._last_info else self._route(info)
+        lora_a_output = route.shrink(x, qkv_lora_a, n_slices)
+        if base_output is not None and base_output.shape[-1] != qkv_lora_b.shape[-2]:
+            return _onto_leading_columns(
+                base_output, route.expand_slices, lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices
+            )
+        return route.expand_slices(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, base_output)
 
     def run_gate_up_lora(
         self,
@@ -456,46 +430,32 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         **kwargs,
     ) -> torch.Tensor:
         """Fused gate/up with two equal bands. x: (s, K); A: (L, 2R, K); B: (L, 2N, R) -> (s, 2N)."""
-        output_dim = gate_up_lora_b.shape[-2] // 2
         info = self._sgemm_info()
-        route = self._route(info)
-        lora_a_output = self._expand_input(
-            route.shrink(x, gate_up_lora_a, 2),
-            "chunked_sgmv_lora_expand_fwd" if route.permuted else "gate_up_lora_b_fwd", 2, info,
-        )
-
-        def expand(base: Optional[torch.Tensor]) -> torch.Tensor:
-            if not route.permuted:
-                return route.ops.gate_up_lora_b_fwd(
-                    input_x=lora_a_output,
-                    gate_up_lora_b=gate_up_lora_b,
-                    output_dim=output_dim,
-                    base_output=base,
-                    **route.b_index,
-                )
-            offsets = self._uniform_offsets(2, output_dim)
-            return route.chunked_expand(lora_a_output, gate_up_lora_b, offsets, output_dim, 2, base)
-
-        return _onto_leading_columns(base_output, gate_up_lora_b.shape[-2], expand)
+        route = self._last_route if info is self._last_info else self._route(info)
+        lora_a_output = route.shrink(x, gate_up_lora_a, 2)
+        lora_dim = gate_up_lora_b.shape[-2]
+        if base_output is not None and base_output.shape[-1] != lora_dim:
+            return _onto_leading_columns(base_output, route.expand_gate_up, lora_a_output, gate_up_lora_b, lora_dim // 2)
+        return route.expand_gate_up(lora_a_output, gate_up_lora_b, lora_dim // 2, base_output)
 
 
 def _onto_leading_columns(
-    base_output: Optional[torch.Tensor], lora_dim: int, expand: Callable[[Optional[torch.Tensor]], torch.Tensor]
+    base_output: torch.Tensor, expand: Callable[..., torch.Tensor], x: torch.Tensor, weights: torch.Tensor, *args
 ) -> torch.Tensor:
-    """Run ``expand(base)`` for a layer whose LoRA may cover only its first output partitions.
+    """``expand(x, weights, *args, base)`` for a layer whose LoRA covers only its first output
+    partitions.
 
     SGLang's prefix-partition layers (``MergedColumnParallelLinearWithLoRA`` with fewer LoRA slices
     than base partitions: Mamba2 ``in_proj``, LFM2 ``in_proj``) pass ``base_output`` of shape
-    ``(s, N_total)`` while LoRA-B spans only the first ``lora_dim`` columns. SGLang's Triton kernels
-    (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve them by writing through ``base_output``'s
-    strides: the LoRA delta lands in columns ``[0, lora_dim)`` in place, the other columns pass
-    through, and ``base_output`` is returned. This does the same around ops whose results are new
-    tensors of width ``lora_dim`` (the provider contract): the leading columns are handed to the op
-    as a contiguous ``(s, lora_dim)`` base and its result is copied back into them. Shapes only, no
-    host sync, capture-safe.
+    ``(s, N_total)`` while LoRA-B (``weights``, ``(L, lora_dim, R)``) spans only the first
+    ``lora_dim`` columns. SGLang's Triton kernels (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve
+    them by writing through ``base_output``'s strides: the LoRA delta lands in columns
+    ``[0, lora_dim)`` in place, the other columns pass through, and ``base_output`` is returned.
+    This does the same around ops whose results are new tensors of width ``lora_dim`` (the provider
+    contract): the leading columns are handed to the op as a contiguous ``(s, lora_dim)`` base and
+    its result is copied back into them. The ``run_*`` methods call it only when ``base_output`` is
+    wider than LoRA-B. Shapes only, no host sync, capture-safe.
     """
-    if base_output is None or base_output.shape[-1] == lora_dim:
-        return expand(base_output)
-    leading = base_output[:, :lora_dim]
-    leading.copy_(expand(leading.contiguous()))
+    leading = base_output[:, : weights.shape[-2]]
+    leading.copy_(expand(x, weights, *args, leading.contiguous()))
     return base_output

@@ -171,6 +171,15 @@ class OpSelection:
         chosen = self.graph_choices if use_graph else self.choices
         return chosen[op].provider != "triton"
 
+    def bind_batch(self, use_graph: bool, info, uniform_offsets: Callable[[int, int], torch.Tensor], names) -> types.SimpleNamespace:
+        """The ops (and chunked-expand forms) ``names`` of the table for ``use_graph`` bound to
+        the batch ``info`` (SGLang's ``LoRABatchInfo``): callables taking only the per-call
+        arguments (:func:`.batch_binding.bind_table`; ``uniform_offsets`` as there)."""
+        from sglang_xpu_lora.providers.batch_binding import bind_table
+
+        chosen = self.graph_choices if use_graph else self.choices
+        return bind_table(self.for_graph(use_graph), chosen, info, uniform_offsets, names)
+
 
 def _ignoring_batch_info(fn: Callable) -> Callable:
     """``fn`` with the table calling convention: accepts and drops ``batch_info``."""

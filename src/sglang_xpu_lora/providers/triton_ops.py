@@ -7,7 +7,10 @@ host-side launch bounds ``bs`` and ``max_len``, ``seg_lens`` and ``use_cuda_grap
 therefore takes the interface's arguments plus the keyword ``batch_info`` and reads the batch from
 it alone; the loose index arguments are accepted so that the backend calls every provider the same
 way, and must describe the same batch: ``IntelXpuLoRABackend`` passes the batch info SGLang's
-Triton backend prepared.
+Triton backend prepared. :func:`bind` binds an op to one batch info instead (the backend's
+per-batch routes, :mod:`.batch_binding`): per call it takes only the module's tensors and host
+integers, positionally, and calls the kernel with the batch info, positionally, as
+``TritonLoRABackend`` does; the keyword functions go through it.
 
 Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
 stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -85,6 +88,69 @@ def embedding_lora_a_fwd(
     )
 
 
+def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
+    """Op ``op`` bound to one batch: a callable that takes the per-call arguments of
+    :data:`.batch_binding.BOUND_PARAMETERS` ``[op]`` (or of a chunked-expand form of
+    :data:`.batch_binding.UNIFORM_BAND_FORMS`) positionally and calls SGLang's kernel with
+    ``batch_info`` (SGLang's ``LoRABatchInfo``) positionally, as ``TritonLoRABackend`` calls it.
+
+    The kernel function is looked up here, once per batch. The chunked expand chooses its kernel
+    from host integers only, per call: ``sgemm_lora_b_fwd`` for one band, ``gate_up_lora_b_fwd``
+    for two bands of ``max_slice_size`` each, ``qkv_lora_b_fwd`` for any other bands.
+
+    Raises:
+        KeyError: for an op that is not bound (``embedding_lora_a_fwd``) or unknown.
+    """
+    kernels = _kernels()
+    if op in ("sgemm_lora_a_fwd", "chunked_sgmv_lora_shrink_fwd"):
+        # the permuted shrink too: sgemm_lora_a_fwd reads rows through batch_info.permutation
+        sgemm_lora_a = kernels.sgemm_lora_a
+
+        def shrink(input_x, weights, stack_num):
+            return sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
+
+        return shrink
+    # the chunked expand's uniform-band forms (batch_binding.UNIFORM_BAND_FORMS) are the kernels
+    # its bands choose: the B kernels follow batch_info.permutation as the A kernel does
+    if op in ("sgemm_lora_b_fwd", "chunked_expand_one_band"):
+        sgemm_lora_b = kernels.sgemm_lora_b
+
+        def expand(input_x, weights, base_output):
+            return sgemm_lora_b(input_x, weights, batch_info, base_output)
+
+        return expand
+    if op == "qkv_lora_b_fwd":
+        qkv_lora_b = kernels.qkv_lora_b
+
+        def expand_qkv(input_x, weights, output_offset, max_qkv_out_dim, base_output):
+            return qkv_lora_b(input_x, weights, batch_info, output_offset, max_qkv_out_dim, base_output)
+
+        return expand_qkv
+    if op in ("gate_up_lora_b_fwd", "chunked_expand_two_bands"):
+        gate_up_lora_b = kernels.gate_up_lora_b
+
+        def expand_gate_up(input_x, weights, output_dim, base_output):
+            return gate_up_lora_b(input_x, weights, batch_info, output_dim, base_output)
+
+        return expand_gate_up
+    if op == "chunked_sgmv_lora_expand_fwd":
+        sgemm_lora_b, gate_up_lora_b, qkv_lora_b = kernels.sgemm_lora_b, kernels.gate_up_lora_b, kernels.qkv_lora_b
+
+        def expand_slices(input_x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+            if num_slices == 1:
+                return sgemm_lora_b(input_x, weights, batch_info, base_output)
+            if num_slices == 2 and 2 * max_slice_size == weights.shape[1]:
+                return gate_up_lora_b(input_x, weights, batch_info, max_slice_size, base_output)
+            return qkv_lora_b(input_x, weights, batch_info, slice_offsets, max_slice_size, base_output, n_slices=num_slices)
+
+        return expand_slices
+    raise KeyError(f"{op} is not bound to a batch (the bound ops: batch_binding.BOUND_PARAMETERS)")
+
+
+
+# --- the interface's keyword signatures (op tables, tests): each call binds its op -------------
+
+
 def sgemm_lora_a_fwd(
     input_x: torch.Tensor,
     weights: torch.Tensor,
@@ -98,7 +164,7 @@ def sgemm_lora_a_fwd(
 ) -> torch.Tensor:
     """Shrink. input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``
     (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
-    return _kernels().sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
+    return bind("sgemm_lora_a_fwd", batch_info)(input_x, weights, stack_num)
 
 
 def sgemm_lora_b_fwd(
@@ -115,7 +181,7 @@ def sgemm_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, one slice. input_x: ``(s, R)``; weights: ``(L, N, R)`` -> ``(s, N)``
     (SGLang ``sgemm_lora_b_fwd``)."""
-    return _kernels().sgemm_lora_b(input_x, weights, batch_info, base_output)
+    return bind("sgemm_lora_b_fwd", batch_info)(input_x, weights, base_output)
 
 
 def qkv_lora_b_fwd(
@@ -134,7 +200,7 @@ def qkv_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, three bands at device ``output_offset`` ``(4,)`` int32. input_x: ``(s, 3R)``;
     qkv_lora_b: ``(L, N, R)`` -> ``(s, N)`` (SGLang ``qkv_lora_b_fwd``)."""
-    return _kernels().qkv_lora_b(input_x, qkv_lora_b, batch_info, output_offset, max_qkv_out_dim, base_output)
+    return bind("qkv_lora_b_fwd", batch_info)(input_x, qkv_lora_b, output_offset, max_qkv_out_dim, base_output)
 
 
 def gate_up_lora_b_fwd(
@@ -152,7 +218,7 @@ def gate_up_lora_b_fwd(
 ) -> torch.Tensor:
     """Expand, two equal bands. input_x: ``(s, 2R)``; gate_up_lora_b: ``(L, 2 * output_dim, R)`` ->
     ``(s, 2 * output_dim)`` (SGLang ``gate_up_lora_b_fwd``)."""
-    return _kernels().gate_up_lora_b(input_x, gate_up_lora_b, batch_info, output_dim, base_output)
+    return bind("gate_up_lora_b_fwd", batch_info)(input_x, gate_up_lora_b, output_dim, base_output)
 
 
 def chunked_sgmv_lora_shrink_fwd(
@@ -170,7 +236,7 @@ def chunked_sgmv_lora_shrink_fwd(
     """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
     ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
     :func:`sgemm_lora_a_fwd`."""
-    return _kernels().sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
+    return bind("chunked_sgmv_lora_shrink_fwd", batch_info)(input_x, weights, stack_num)
 
 
 def chunked_sgmv_lora_expand_fwd(
@@ -190,16 +256,10 @@ def chunked_sgmv_lora_expand_fwd(
     batch_info,
 ) -> torch.Tensor:
     """Expand of ``num_slices`` bands at device ``slice_offsets`` ``(num_slices + 1,)`` int32.
-    input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``. The kernel is chosen
-    from host integers only: ``sgemm_lora_b_fwd`` for one band, ``gate_up_lora_b_fwd`` for two
-    bands of ``max_slice_size`` each, ``qkv_lora_b_fwd`` for any other bands."""
-    kernels = _kernels()
-    if num_slices == 1:
-        return kernels.sgemm_lora_b(input_x, weights, batch_info, base_output)
-    if num_slices == 2 and 2 * max_slice_size == weights.shape[1]:
-        return kernels.gate_up_lora_b(input_x, weights, batch_info, max_slice_size, base_output)
-    return kernels.qkv_lora_b(
-        input_x, weights, batch_info, slice_offsets, max_slice_size, base_output, n_slices=num_slices
+    input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``; the kernel as
+    :func:`bind` chooses it."""
+    return bind("chunked_sgmv_lora_expand_fwd", batch_info)(
+        input_x, weights, slice_offsets, max_slice_size, num_slices, base_output
     )
 
 
