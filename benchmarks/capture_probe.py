@@ -112,6 +112,19 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
     return result
 
 
+def expected_eager(selection, verdicts: dict) -> dict:
+    """The eager providers an emulated build with every op must get: native, except eager decode's
+    permuted ops on Triton where Triton runs, unless their trial showed them sync-free
+    (``providers.selection.EAGER_DECODE_PREFERS_TRITON``)."""
+    from sglang_xpu_lora.providers import selection as rules
+
+    def provider(op):
+        moved = rules.EAGER_DECODE_PREFERS_TRITON and selection.uses_triton and op in rules.DECODE_OPS
+        return "triton" if moved and not verdicts[op].capture_safe else "native"
+
+    return {op: provider(op) for op in selection.choices}
+
+
 def probe_build(build: str, device: torch.device, args) -> dict:
     """Steps 1-3 of the module docstring for ``build``, then step 4."""
     from sglang_xpu_lora import providers
@@ -153,7 +166,7 @@ def probe_build(build: str, device: torch.device, args) -> dict:
             "layers": [layer_check(after, mode, device, args.quick) for mode in ("decode", "prefill")],
         }
         result["ok"] = (
-            (build == INSTALLED or set(result["eager"].values()) == {"native"})
+            (build == INSTALLED or result["eager"] == expected_eager(after, verdicts))
             and (expected is None or set(result["graph"].values()) == {expected})
             and all(layer["ok"] for layer in result["layers"])
             and not state.get("capturing_after", False)
