@@ -46,9 +46,8 @@ WORKER = textwrap.dedent(
     gen = torch.Generator().manual_seed(0)
     A_qkv, B_qkv = torch.randn(L, 3 * R, HID, generator=gen), torch.randn(L, Q + 2 * KV, R, generator=gen)
     A_o, B_o = torch.randn(L, R, Q, generator=gen), torch.randn(L, OUT, R, generator=gen)
-    for slot, r in enumerate(RANKS):
-        for p in range(3):
-            A_qkv[slot, p * R + r:(p + 1) * R] = 0
+    for slot, r in enumerate(RANKS):  # SGLang's packed pool, zeroed tails: slice p of a rank-r slot at rows p * r
+        A_qkv[slot, 3 * r:] = 0
         A_o[slot, r:] = 0
         B_qkv[slot, :, r:] = 0
         B_o[slot, :, r:] = 0
@@ -65,8 +64,9 @@ WORKER = textwrap.dedent(
         out = torch.zeros(x.shape[0], bands[-1], dtype=torch.float64)
         for row, slot in enumerate(slots):
             for p in range(len(bands) - 1):
-                s = A[slot, p * R:(p + 1) * R].double() @ x[row].double()
-                out[row, bands[p]:bands[p + 1]] = SCALINGS[slot] * (B[slot, bands[p]:bands[p + 1]].double() @ s)
+                r = RANKS[slot]
+                s = A[slot, p * r:(p + 1) * r].double() @ x[row].double()
+                out[row, bands[p]:bands[p + 1]] = SCALINGS[slot] * (B[slot, bands[p]:bands[p + 1], :r].double() @ s)
         return out
 
     errors = {}
