@@ -124,9 +124,10 @@ def expand(
 
     ``l`` is the row's slot; x: (T, S * R); weights: (L, N, R); scalings: (L,); base_output:
     optional (T, N). Returns (T, N) in x's dtype: the GEMM is rounded to x's dtype, scaled and added
-    to ``base_output`` in fp32, into ``base_output`` itself (returned) when it has x's dtype. Bands come from host ``bands`` when known statically (consecutive,
-    tiling ``[0, N)``), else from the device tensor ``slice_offsets`` (``(S + 1,)``), without reading
-    it on the host (see :func:`_own_products`). Rows go in chunks of at most
+    to ``base_output`` in fp32, into ``base_output`` itself (returned) when it has x's dtype. Bands
+    come from host ``bands`` when known statically (consecutive, tiling ``[0, N)``), else from the
+    device tensor ``slice_offsets`` (``(S + 1,)``), without reading it on the host (see
+    :func:`_own_products`). Rows go in chunks of at most
     :data:`MAX_PRODUCT_ELEMENTS` all-slot products.
     """
     num_rows = x.shape[0]
