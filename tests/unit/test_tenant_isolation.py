@@ -83,7 +83,7 @@ def weights(poison: float, dtype) -> dict:
 
 def run_all(ops, w, meta, permutation, dtype) -> dict:
     """Each op's output for one pool state (each op gets its own copy of ``base_output``: the Triton
-    B kernels add into it in place, as in SGLang)."""
+    and portable B ops add into it in place, as SGLang's kernels do)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(ROWS, HIDDEN, generator=gen).to(dtype)
     mid = torch.randn(ROWS, 3 * RANK, generator=gen).to(dtype)

@@ -158,7 +158,7 @@ def test_sgemm_lora_b(seed, dtype, with_base):
     base = p["base"] if with_base else None
     out = torch_ops.sgemm_lora_b_fwd(
         input_x=p["mid"], weights=p["b"], seg_indptr=p["seg_indptr"], weight_indices=p["weight_indices"],
-        lora_ranks=p["ranks"], scalings=p["scalings"], base_output=base,
+        lora_ranks=p["ranks"], scalings=p["scalings"], base_output=None if base is None else base.clone(),
     )
     expected = ref_expand(p["mid"], p["b"], p["offsets"], p["scalings"], p["seg_indptr"], p["weight_indices"], base=base)
     assert_close(out, expected, dtype)
@@ -172,7 +172,7 @@ def test_qkv_lora_b(seed, dtype):
         input_x=p["mid"], qkv_lora_b=p["b"], output_offset=torch.tensor(p["offsets"], dtype=torch.int32),
         max_qkv_out_dim=max(hi - lo for lo, hi in zip(p["offsets"], p["offsets"][1:])),
         seg_indptr=p["seg_indptr"], weight_indices=p["weight_indices"], lora_ranks=p["ranks"],
-        scalings=p["scalings"], base_output=p["base"],
+        scalings=p["scalings"], base_output=p["base"].clone(),
     )
     expected = ref_expand(p["mid"], p["b"], p["offsets"], p["scalings"], p["seg_indptr"], p["weight_indices"], base=p["base"])
     assert_close(out, expected, dtype)
@@ -188,7 +188,7 @@ def test_gate_up_lora_b(seed, dtype):
     out = torch_ops.gate_up_lora_b_fwd(
         input_x=p["mid"], gate_up_lora_b=b, output_dim=half, seg_indptr=p["seg_indptr"],
         weight_indices=p["weight_indices"], lora_ranks=p["ranks"], scalings=p["scalings"],
-        base_output=p["base"][:, : 2 * half],
+        base_output=p["base"][:, : 2 * half].clone(),
     )
     expected = ref_expand(
         p["mid"], b, offsets, p["scalings"], p["seg_indptr"], p["weight_indices"], base=p["base"][:, : 2 * half]
@@ -221,12 +221,52 @@ def test_chunked_sgmv_expand(seed, permuted, num_slices, dtype):
         input_x=p["mid"], weights=p["b"], slice_offsets=torch.tensor(p["offsets"], dtype=torch.int32),
         max_slice_size=max(hi - lo for lo, hi in zip(p["offsets"], p["offsets"][1:])), num_slices=num_slices,
         num_segments=p["weight_indices"].numel(), seg_indptr=p["seg_indptr"], weight_indices=p["weight_indices"],
-        lora_ranks=p["ranks"], scalings=p["scalings"], permutation=p["permutation"], base_output=p["base"],
+        lora_ranks=p["ranks"], scalings=p["scalings"], permutation=p["permutation"], base_output=p["base"].clone(),
     )
     expected = ref_expand(
         p["mid"], p["b"], p["offsets"], p["scalings"], p["seg_indptr"], p["weight_indices"], p["permutation"], p["base"]
     )
     assert_close(out, expected, dtype)
+
+
+def b_op_calls(p, num_slices):
+    """Each B op's call on problem ``p`` (``num_slices`` slices), as a function of ``base_output``."""
+    offsets, common = p["offsets"], dict(seg_indptr=p["seg_indptr"], weight_indices=p["weight_indices"], lora_ranks=p["ranks"], scalings=p["scalings"])
+    widest = max(hi - lo for lo, hi in zip(offsets, offsets[1:]))
+    slice_offsets = torch.tensor(offsets, dtype=torch.int32)
+    calls = {
+        "chunked_sgmv_lora_expand_fwd": lambda base: torch_ops.chunked_sgmv_lora_expand_fwd(
+            p["mid"], p["b"], slice_offsets, widest, num_slices, p["weight_indices"].numel(),
+            permutation=p["permutation"], base_output=base, **common,
+        ),
+    }
+    if p["permutation"] is None and num_slices == 1:
+        calls["sgemm_lora_b_fwd"] = lambda base: torch_ops.sgemm_lora_b_fwd(p["mid"], p["b"], base_output=base, **common)
+    if p["permutation"] is None and num_slices == 3:
+        calls["qkv_lora_b_fwd"] = lambda base: torch_ops.qkv_lora_b_fwd(p["mid"], p["b"], slice_offsets, widest, base_output=base, **common)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("num_slices", [1, 3])
+@pytest.mark.parametrize("permuted", [True, False], ids=["permutation", "no-permutation"])
+@pytest.mark.parametrize("seed", range(4))
+def test_b_ops_add_into_base_output_in_place(seed, permuted, num_slices, dtype):
+    """Given ``base_output``, a B op returns that tensor with the LoRA term added (as SGLang's
+    kernels and its torch_native backend do, so no second (T, N) tensor is made per layer); rows in
+    no segment and rank-0 rows keep the base. A base in another dtype is left alone."""
+    p = problem(seed, dtype, num_slices, permuted)
+    expected = ref_expand(
+        p["mid"], p["b"], p["offsets"], p["scalings"], p["seg_indptr"], p["weight_indices"], p["permutation"], p["base"]
+    )
+    for op, call in b_op_calls(p, num_slices).items():
+        base = p["base"].clone()
+        out = call(base)
+        assert out is base, op
+        assert_close(out, expected, dtype)
+        other = p["base"].double()
+        assert_close(call(other), expected, dtype)
+        assert torch.equal(other, p["base"].double()), op
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -185,7 +185,7 @@ def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
 
     def run():
         return (
-            torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], base_output=p["base"], **common),
+            torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], base_output=p["base"].clone(), **common),
             torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **p["common"]),
         )
 

@@ -451,9 +451,10 @@ def _onto_leading_columns(
     ``lora_dim`` columns. SGLang's Triton kernels (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve
     them by writing through ``base_output``'s strides: the LoRA delta lands in columns
     ``[0, lora_dim)`` in place, the other columns pass through, and ``base_output`` is returned.
-    This does the same around ops whose results are new tensors of width ``lora_dim`` (the provider
-    contract): the leading columns are handed to the op as a contiguous ``(s, lora_dim)`` base and
-    its result is copied back into them. The ``run_*`` methods call it only when ``base_output`` is
+    This does the same around every provider's ops, whose results are ``(s, lora_dim)`` (new tensors
+    from the native ops, the base handed to them from the Triton and portable ones): the leading
+    columns are handed to the op as a contiguous ``(s, lora_dim)`` base and its result is copied
+    back into them. The ``run_*`` methods call it only when ``base_output`` is
     wider than LoRA-B. Shapes only, no host sync, capture-safe.
     """
     leading = base_output[:, : weights.shape[-2]]

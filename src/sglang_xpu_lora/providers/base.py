@@ -24,9 +24,10 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   ``num_slices > 1``) differ by provider: SGLang's Triton kernels read the packed output, the
   native and portable ones read slice ``p`` at columns ``[p * max_rank, (p + 1) * max_rank)``, as
   :func:`.slice_layout.spaced_slices` lays it out (the backend calls it between the two).
-* Results are new tensors; ``base_output`` is read, never written. Exception: the Triton provider
-  (:mod:`.triton_ops`) adds into ``base_output`` in place and returns it, as SGLang's kernels do, so
-  callers use the returned tensor.
+* The B ops of the Triton provider (:mod:`.triton_ops`) and of the portable provider
+  (:mod:`.torch_ops`) add into ``base_output`` in place and return it, as SGLang's kernels and its
+  ``torch_native`` backend do; the native ops return new tensors and only read ``base_output``.
+  Callers use the returned tensor and do not reuse ``base_output``.
 * Called through an :class:`~.selection.OpSelection` table, every op also takes the keyword
   ``batch_info`` (SGLang's ``LoRABatchInfo`` of the batch), which only the Triton provider reads.
 """

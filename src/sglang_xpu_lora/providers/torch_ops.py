@@ -14,6 +14,10 @@ Each batch's routing is computed once and reused by every layer after :func:`beg
 
 Common semantics: rows that belong to no segment get no LoRA contribution; ``scalings`` is applied
 in fp32 after the expand GEMM, then ``base_output`` is added and the sum cast to ``input_x.dtype``.
+A B op given ``base_output`` in ``input_x``'s dtype adds into it in place and returns it, as SGLang's
+Triton kernels and its ``torch_native`` backend do (no second output tensor: on a CPU a fresh
+``(T, N)`` tensor per layer costs page faults and a pass over memory); callers use the returned
+tensor.
 The GEMM ops need zero rank tails (A rows from ``stack_num * r`` and B columns from ``r`` on, ``r`` a
 slot's ``lora_ranks`` entry: the pool's contract): the device routing contracts over the full
 ``max_rank``, as the XPU kernels do, the host routing over each slot's rank. Stacked A is SGLang's
@@ -215,9 +219,10 @@ def sgemm_lora_b_fwd(
 
     Args:
         input_x: (T, max_rank). weights: (L, N, max_rank). scalings: (L,) float.
-        base_output: optional (T, N), read only.
+        base_output: optional (T, N); the result is added into it and it is returned (see the
+            module's common semantics).
     Returns:
-        A new (T, N) tensor in input_x's dtype.
+        (T, N) in input_x's dtype: ``base_output``, or a new tensor without it.
     Source: sgl-kernel-xpu ``sgemm_lora_b_fwd`` (``src/sycl/SGEMMLoraBFwd.cpp``).
     """
     _check_expand_input(input_x, weights, 1, base_output)
@@ -247,7 +252,7 @@ def qkv_lora_b_fwd(
         output_offset: (4,) int tensor ``[0, N_q, N_q + N_kv, N_q + 2 * N_kv]`` on the device; read
             on the device only. max_qkv_out_dim: the widest band (trusted, as by the kernel).
     Returns:
-        A new (T, N_q + 2 * N_kv) tensor in input_x's dtype.
+        (T, N_q + 2 * N_kv) in input_x's dtype: ``base_output`` (added into), or a new tensor.
     Source: sgl-kernel-xpu ``qkv_lora_b_fwd`` (``src/sycl/QKVLoraBFwd.cpp``).
     """
     _check(output_offset.numel() == 4, f"output_offset must have 4 elements, got {output_offset.numel()}")
@@ -275,7 +280,7 @@ def gate_up_lora_b_fwd(
         input_x: (T, 2 * max_rank), slice p at columns p * max_rank.
         gate_up_lora_b: (L, 2 * output_dim, max_rank).
     Returns:
-        A new (T, 2 * output_dim) tensor in input_x's dtype.
+        (T, 2 * output_dim) in input_x's dtype: ``base_output`` (added into), or a new tensor.
     Source: sgl-kernel-xpu ``gate_up_lora_b_fwd`` (``src/sycl/GateUpLoraBFwd.cpp``).
     """
     _check(
@@ -336,9 +341,11 @@ def chunked_sgmv_lora_expand_fwd(
         slice_offsets: (num_slices + 1,) device int tensor, ``[0, ..., N_total]``; read on the
             device only. max_slice_size: the widest band (trusted, as by the kernel).
         permutation: optional (T,) logical-to-physical map; None means physical order.
-        base_output: optional (T, N_total), read only.
+        base_output: optional (T, N_total); the result is added into it and it is returned (see
+            the module's common semantics).
     Returns:
-        A new (T, N_total) tensor in physical row order, input_x's dtype.
+        (T, N_total) in physical row order, input_x's dtype: ``base_output`` (added into), or a
+            new tensor.
     Source: sgl-kernel-xpu ``chunked_sgmv_lora_expand_fwd`` (``src/sycl/ChunkedSgmvLoraExpandFwd.cpp``).
     """
     _check(

@@ -124,9 +124,10 @@ def expand(
 
     ``l`` is the row's slot; x: (T, S * R); weights: (L, N, R); scalings: (L,); base_output:
     optional (T, N). Returns (T, N) in x's dtype: the GEMM is rounded to x's dtype, scaled and added
-    to ``base_output`` in fp32. Bands come from host ``bands`` when known statically (consecutive,
-    tiling ``[0, N)``), else from the device tensor ``slice_offsets`` (``(S + 1,)``), without reading
-    it on the host (see :func:`_own_products`). Rows go in chunks of at most
+    to ``base_output`` in fp32, into ``base_output`` itself (returned) when it has x's dtype. Bands
+    come from host ``bands`` when known statically (consecutive, tiling ``[0, N)``), else from the
+    device tensor ``slice_offsets`` (``(S + 1,)``), without reading it on the host (see
+    :func:`_own_products`). Rows go in chunks of at most
     :data:`MAX_PRODUCT_ELEMENTS` all-slot products.
     """
     num_rows = x.shape[0]
@@ -150,7 +151,11 @@ def expand(
     scale = routes.row_scale(scalings)
     if base_output is None:
         return torch.mul(out, scale).to(x.dtype)
-    return torch.addcmul(base_output.to(torch.float32), out, scale).to(x.dtype)
+    if base_output.dtype != x.dtype:
+        return torch.addcmul(base_output.to(torch.float32), out, scale).to(x.dtype)
+    if base_output.dtype == torch.float32:
+        return base_output.addcmul_(out, scale)
+    return base_output.copy_(torch.addcmul(base_output.to(torch.float32), out, scale))
 
 
 def _own_products(x, weights, slot_index, outside, num_slices, bands, column_slice) -> torch.Tensor:

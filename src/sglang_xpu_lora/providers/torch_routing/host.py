@@ -128,11 +128,13 @@ def expand(
     one GEMM per run and slice, in fp32.
 
     x: (T, S * R); weights: (L, N, R); bands: ``S`` host ``(start, end)`` column ranges. Returns
-    (T, N) in x's dtype. The output is written once: each run's rows are computed in an fp32
-    buffer (in fp32, the output rows themselves when contiguous, with the scaling as the GEMM's
-    ``alpha`` and ``base_output`` as its ``beta = 1`` input) and stored once. A permuted run's rows
-    are gathered and scattered per run, so its buffer stays small. Other dtypes round the GEMM to
-    x's dtype before scaling, as the device routing does.
+    (T, N) in x's dtype: ``base_output`` itself when given in x's dtype, the LoRA term added into
+    it in place (as SGLang's ``torch_native`` backend and Triton kernels do: no second (T, N)
+    tensor, so no fresh pages to fault in and no extra pass over the output), else a new tensor.
+    In fp32 each run's GEMM writes its output rows directly (contiguous runs; the scaling is the
+    GEMM's ``alpha``, the base its ``beta = 1`` input); a permuted run's rows are gathered into an
+    fp32 buffer and scattered back once. Other dtypes round the GEMM to x's dtype before scaling,
+    as the device routing does, and add it to the base in fp32.
 
     Raises:
         ValueError: if the slice bands do not tile ``[0, N)`` (read from ``slice_offsets``).
@@ -141,10 +143,10 @@ def expand(
     if not tile(bands, out_dim):
         raise ValueError(f"slice offsets {bands} must tile the {out_dim} output columns from 0")
     scale = scalings.tolist()
-    if batch.covers(num_rows):
+    if base_output is not None:
+        result = base_output if base_output.dtype == x.dtype else base_output.to(x.dtype)
+    elif batch.covers(num_rows):
         result = x.new_empty((num_rows, out_dim))
-    elif base_output is not None:
-        result = base_output.to(x.dtype, copy=True)
     else:
         result = x.new_zeros((num_rows, out_dim))
     fp32 = x.dtype == torch.float32
@@ -152,23 +154,23 @@ def expand(
         if rank == 0:  # no LoRA: the base output (or zero), as the GEMM over no rank would give
             if base_output is None:
                 result[rows] = 0
-            else:
-                _put(result, rows, _take(base_output, rows))
             continue
         x_run = _take(x, rows)
-        base_run = None if base_output is None else _take(base_output, rows).to(torch.float32)
         in_place = fp32 and isinstance(rows, slice)
-        acc = result[rows] if in_place else torch.empty((x_run.shape[0], out_dim), dtype=torch.float32)
+        if in_place:
+            acc = result[rows]
+        elif base_output is None:
+            acc = torch.empty((x_run.shape[0], out_dim), dtype=torch.float32)
+        else:
+            acc = _take(result, rows).to(torch.float32)  # a copy: gathered rows, or a wider dtype
         for p, (low, high) in enumerate(bands):
             x_p, b_t, acc_p = x_run[:, p * max_rank : p * max_rank + rank], weights[slot, low:high, :rank].t(), acc[:, low:high]
-            if fp32 and base_run is None:
-                acc_p.addmm_(x_p, b_t, beta=0, alpha=scale[slot])
-            elif fp32:
-                torch.addmm(base_run[:, low:high], x_p, b_t, alpha=scale[slot], out=acc_p)
-            elif base_run is None:  # round the GEMM to x's dtype, as the device path does
+            if fp32:
+                acc_p.addmm_(x_p, b_t, beta=0 if base_output is None else 1, alpha=scale[slot])
+            elif base_output is None:  # round the GEMM to x's dtype, as the device path does
                 torch.mul(torch.mm(x_p, b_t).to(torch.float32), scale[slot], out=acc_p)
             else:
-                torch.add(base_run[:, low:high], torch.mm(x_p, b_t).to(torch.float32), alpha=scale[slot], out=acc_p)
+                acc_p.add_(torch.mm(x_p, b_t).to(torch.float32), alpha=scale[slot])
         if not in_place:
             _put(result, rows, acc)
     return result
