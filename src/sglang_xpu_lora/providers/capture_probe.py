@@ -48,6 +48,7 @@ case; nothing here is on the math path.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -193,7 +194,7 @@ def trial_arguments(op: str, case: ProbeCase, seed: int) -> dict[str, Any]:
         return torch.randn(*shape, generator=generator).to(case.dtype)
 
     def offsets(widths):
-        return torch.tensor([0, *torch.tensor(widths).cumsum(0).tolist()], dtype=torch.int32)
+        return torch.tensor([0, *itertools.accumulate(widths)], dtype=torch.int32)
 
     if op == "embedding_lora_a_fwd":
         args = dict(input_ids=torch.randint(0, TRIAL_VOCAB, (t,), generator=generator), weights=values(case.slots, r, TRIAL_VOCAB),
