@@ -320,6 +320,57 @@ def resolve_target_regex(plan: AdapterPlan, module_keys: Iterable[str]) -> list[
     return names
 
 
+def check_target_modules(
+    name: str,
+    target_modules: Any,
+    model_modules: Iterable[str],
+    normalize: Callable[[Iterable[str]], set[str]],
+    served_modules: Optional[Iterable[str]] = None,
+) -> None:
+    """Refuse adapter ``name`` when its list ``target_modules`` names a module the base model does
+    not have, or (with ``served_modules``) one the server's LoRA memory pool has no buffers for.
+
+    ``normalize`` maps module names to the names SGLang serves them under (SGLang's
+    ``get_normalized_target_modules``: ``q_proj`` -> ``qkv_proj``, a dotted name -> its last part);
+    ``model_modules`` are the base model's module names (full or last part), ``served_modules`` the
+    pool's normalized target modules. A regular expression or ``all``/``all-linear`` is resolved
+    against the model and is not checked here.
+
+    Raises:
+        AdapterRejected: naming the adapter and the target modules at fault.
+    """
+    if not isinstance(target_modules, (list, tuple, set)):
+        return
+    known = normalize({module.rpartition(".")[2] for module in model_modules})
+    absent = [module for module in target_modules if not normalize([module]) <= known]
+    if absent:
+        raise AdapterRejected(
+            _rejection(
+                name,
+                [
+                    f"field 'target_modules' names {absent}, which the base model does not have; the adapter "
+                    "was trained for another model (or, if it has no tensors for them, remove them from "
+                    "target_modules in adapter_config.json)"
+                ],
+            )
+        )
+    if served_modules is None:
+        return
+    served = set(served_modules)
+    unserved = [module for module in target_modules if not normalize([module]) <= served]
+    if unserved:
+        raise AdapterRejected(
+            _rejection(
+                name,
+                [
+                    f"field 'target_modules' names {unserved}, but the server was started with LoRA on "
+                    f"{sorted(served)} only; restart it with --lora-target-modules including "
+                    f"{sorted(normalize(unserved))} (or all)"
+                ],
+            )
+        )
+
+
 def _warnings(name: str, config: Mapping[str, Any]) -> tuple[str, ...]:
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.startswith(BASE_MODIFYING_INITS):

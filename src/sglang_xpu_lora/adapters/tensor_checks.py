@@ -243,20 +243,25 @@ def hf_module_dims(model: torch.nn.Module) -> ModuleDims:
     return table.get
 
 
-def hf_meta_dims(model_path: str, trust_remote_code: bool = False) -> Optional[ModuleDims]:
-    """The :data:`ModuleDims` of ``model_path``'s transformers causal-LM built on the ``meta``
-    device (no weights are read; used at argument validation, before SGLang loads the model), or
-    None when transformers cannot build it from a local config (a hub id offline, an architecture
-    it lacks): the tensors are then checked when the adapter loads."""
+def hf_meta_model(model_path: str, trust_remote_code: bool = False) -> Optional[torch.nn.Module]:
+    """``model_path``'s transformers causal-LM built on the ``meta`` device (no weights are read;
+    used at argument validation, before SGLang loads the model), or None when transformers cannot
+    build it from a local config (a hub id offline, an architecture it lacks): the adapters are then
+    checked against the model when they load."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 - best effort: never block a model SGLang can load; load-time checks still run
         return None
-    return hf_module_dims(model)
+
+
+def hf_meta_dims(model_path: str, trust_remote_code: bool = False) -> Optional[ModuleDims]:
+    """The :data:`ModuleDims` of :func:`hf_meta_model`, or None when it cannot be built."""
+    model = hf_meta_model(model_path, trust_remote_code)
+    return None if model is None else hf_module_dims(model)
 
 
 def _reject(plan: AdapterPlan, problem: str) -> None:

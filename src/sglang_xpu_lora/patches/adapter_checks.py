@@ -8,14 +8,21 @@ Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter
     refused with a bare tensor error; ``modules_to_save``, biases and DoRA-like variants are
     silently ignored; adapters for another hidden size, with only some of q/k/v, with NaN/Inf
     tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
-    their first request; a failed load leaves its config behind.
+    their first request; a failed load leaves its config behind. A mistyped local path is read as a
+    Hub id ("Repo id must be in the form ..."), and a path without weights, a target module the
+    model lacks or added tokens in ``--lora-paths`` kill the server after the model load.
 How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`):
-    * at argument validation, each local ``--lora-paths`` adapter is checked (config, rank
-      against ``--max-lora-rank``, finite tensors shaped for the base model's config), so a
-      refused adapter stops the launcher before the model loads;
+    * at argument validation, each ``--lora-paths`` adapter given by a local path is checked (the
+      directory, ``adapter_config.json`` and a weights file; config, rank against
+      ``--max-lora-rank``; against the base model built on the ``meta`` device: target modules,
+      added tokens, finite tensors of the model's shapes), so a refused adapter stops the launcher
+      before the model loads;
+    * ``_load_lora_adapter`` first checks a local path's files (SGLang reads any path that is not
+      a directory as a Hub id), answering a failed load;
     * ``validate_new_adapter`` (before SGLang's own checks and before any tensor is read) checks
-      the config, resolves a regular-expression ``target_modules`` against the model, sets
-      ``config.r`` to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
+      the config, resolves a regular-expression ``target_modules`` against the model, checks the
+      target modules against the model and the pool and refuses added tokens, sets ``config.r``
+      to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
     * ``_normalize_weights`` (after the tensors are read into CPU memory, before SGLang stacks
       q/k/v and gate/up and before any pool slot is written) checks each tensor, folds scales,
       pads ranks, adds zero slices and sets the adapter's ``scaling``;
@@ -27,6 +34,7 @@ Remove when: SGLang validates and honours every ``LoraConfig`` field itself.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -34,13 +42,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
-from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
+from sglang_xpu_lora.adapters.adapter_files import ADAPTER_CONFIG, check_added_tokens, check_adapter_files, read_added_tokens
+from sglang_xpu_lora.adapters.config_checks import check_adapter_config, check_target_modules, resolve_target_regex
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.tensor_checks import (
     ModuleDims,
     check_tensors,
     fill_missing_slices,
-    hf_meta_dims,
+    hf_meta_model,
+    hf_module_dims,
     sglang_module_dims,
 )
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
@@ -55,12 +65,16 @@ PLAN_ATTR = "xpu_lora_plan"
 
 
 def check_lora_paths(server_args: Any) -> None:
-    """Check every local ``--lora-paths`` adapter served by a backend in scope, before the model
-    loads: its config, and its ``adapter_model.safetensors`` tensors (finite; shaped for the base
-    model's config, built on the ``meta`` device).
+    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads.
 
-    Adapters named by a hub id (no local ``adapter_config.json``), and tensors when transformers
-    cannot build the base model from its config, are checked when they load.
+    A local path (see :func:`~sglang_xpu_lora.adapters.adapter_files.is_local_reference`) must be
+    a directory with ``adapter_config.json`` and a weights file; its config is checked, and, against
+    the base model built from its config on the ``meta`` device, its ``target_modules`` (modules the
+    model has, within ``--lora-target-modules`` when given), its ``added_tokens.json`` and its
+    ``adapter_model.safetensors`` tensors (finite, shaped for the model).
+
+    Adapters named by a Hub id, and the model checks when transformers cannot build the base model
+    from its config, are checked when they load.
 
     Raises:
         ValueError: one line per refused adapter (and for an invalid scope setting).
@@ -69,12 +83,21 @@ def check_lora_paths(server_args: Any) -> None:
     # applies_to first: an invalid scope setting is reported here, not at the first adapter load.
     if not cfg.enable_lora or not checked_backends.applies_to(cfg.lora_backend) or not cfg.lora_paths:
         return
-    local = [ref for ref in cfg.lora_paths if (Path(ref.lora_path) / "adapter_config.json").is_file()]
-    dims = hf_meta_dims(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
-    problems = []
-    for ref in local:
+    problems, local = [], []
+    for ref in cfg.lora_paths:
         try:
-            check_local_adapter(ref.lora_name, Path(ref.lora_path), cfg.max_lora_rank, dims)
+            directory = check_adapter_files(ref.lora_name, ref.lora_path)
+        except AdapterRejected as exc:
+            problems.append(str(exc))
+            continue
+        if directory is not None:
+            local.append((ref, directory))
+    model = hf_meta_model(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
+    served = set(cfg.lora_target_modules or ())
+    base = None if model is None else BaseModelFacts.of_hf_model(model, None if "all" in served or not served else served)
+    for ref, directory in local:
+        try:
+            check_local_adapter(ref.lora_name, directory, cfg.max_lora_rank, base)
         except AdapterRejected as exc:
             problems.append(str(exc))
         except ValueError as exc:  # an unreadable file
@@ -83,20 +106,47 @@ def check_lora_paths(server_args: Any) -> None:
         raise ValueError("\n".join(problems))
 
 
-def check_local_adapter(name: str, path: Path, max_lora_rank: Optional[int], dims: Optional[ModuleDims]) -> None:
-    """Check the adapter in directory ``path``: its config, and with ``dims`` its safetensors.
+@dataclasses.dataclass(frozen=True)
+class BaseModelFacts:
+    """What the checks before the model load know of the base model: the :data:`ModuleDims`
+    lookup, its module and parameter names, its vocabulary size, and the ``--lora-target-modules``
+    the server will build its pool for (None: those of the adapters)."""
+
+    dims: ModuleDims
+    module_names: frozenset[str]
+    vocab_size: Optional[int]
+    served_modules: Optional[frozenset[str]] = None
+
+    @classmethod
+    def of_hf_model(cls, model: Any, served_modules: Optional[set[str]] = None) -> "BaseModelFacts":
+        """Read a transformers model (built on the ``meta`` device)."""
+        names = {name for name, _ in model.named_modules()} | {name for name, _ in model.named_parameters()}
+        vocab_size = getattr(model.config.get_text_config(), "vocab_size", None)
+        served = None if served_modules is None else frozenset(_normalize(served_modules))
+        return cls(hf_module_dims(model), frozenset(names), vocab_size, served)
+
+
+def check_local_adapter(name: str, path: Path, max_lora_rank: Optional[int], base: Optional[BaseModelFacts]) -> None:
+    """Check the adapter in directory ``path``: its config, and with ``base`` its target modules,
+    added tokens and safetensors.
 
     Raises:
-        AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`
-            and :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors`.
+        AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`,
+            :func:`~sglang_xpu_lora.adapters.config_checks.check_target_modules`,
+            :func:`~sglang_xpu_lora.adapters.adapter_files.check_added_tokens` and
+            :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors`.
         ValueError: unreadable JSON or safetensors.
     """
-    plan = check_adapter_config(name, json.loads((path / "adapter_config.json").read_text()), max_lora_rank)
+    plan = check_adapter_config(name, json.loads((path / ADAPTER_CONFIG).read_text()), max_lora_rank)
+    if base is None:
+        return
+    check_target_modules(name, plan.target_modules, base.module_names, _normalize, base.served_modules)
+    check_added_tokens(name, read_added_tokens(path), base.vocab_size)
     weights = path / "adapter_model.safetensors"
-    if dims is not None and weights.is_file():
+    if weights.is_file():
         from safetensors.torch import load_file
 
-        check_tensors(plan, load_file(weights).items(), dims, require_known_modules=False)
+        check_tensors(plan, load_file(weights).items(), base.dims, require_known_modules=False)
 
 
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
@@ -104,7 +154,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     ``target_modules`` list, ``r`` = the served rank, and the plan attached as :data:`PLAN_ATTR`.
 
     Raises:
-        AdapterRejected: a refused field, or a rank above the memory pool's ``max_lora_rank``.
+        AdapterRejected: a refused field, a rank above the memory pool's ``max_lora_rank``, a
+            target module the model (or the pool) lacks, or tokens added to the vocabulary.
     """
     pool = getattr(manager, "memory_pool", None)
     # Before the pool exists (start-up adapters), the bound is --max-lora-rank when it was given.
@@ -114,8 +165,18 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
         logger.warning(warning)
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
+    # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.
+    wrapped = set(getattr(manager, "target_modules", None) or ())
+    model_modules = resolve(targets.AUTO_DETECT_LORA_TARGET_MODULES)(manager.base_model) | wrapped
+    check_target_modules(lora_ref.lora_name, lora_config.target_modules, model_modules, _normalize, None if pool is None else wrapped)
+    check_added_tokens(lora_ref.lora_name, lora_config.added_tokens_config, manager.base_hf_config.vocab_size)
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)
+
+
+def _normalize(modules: Any) -> set[str]:
+    """SGLang's names for LoRA target modules (``q_proj`` -> ``qkv_proj``, ``a.b`` -> ``b``)."""
+    return resolve(targets.GET_NORMALIZED_TARGET_MODULES)(list(modules))
 
 
 def prepare_weights(adapter: Any) -> None:
@@ -150,6 +211,14 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         return original(manager, lora_config, lora_ref, *args, **kwargs)
 
     def around_load_lora_adapter(original, manager, lora_ref, *args, **kwargs):
+        if checked_backends.applies_to(manager.lora_backend.name):
+            try:  # before SGLang reads a path that is not a directory as a Hub id
+                check_adapter_files(lora_ref.lora_name, lora_ref.lora_path)
+            except AdapterRejected as exc:
+                return manager.create_lora_update_result(success=False, error_message=str(exc))
+        return around_load(original, manager, lora_ref, *args, **kwargs)
+
+    def around_load(original, manager, lora_ref, *args, **kwargs):
         if not checked_backends.applies_to(manager.lora_backend.name):
             return original(manager, lora_ref, *args, **kwargs)
         had_config, had_weights = lora_ref.lora_id in manager.configs, lora_ref.lora_id in manager.loras
@@ -167,5 +236,5 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
     queue_hook(targets.LORA_MANAGER_VALIDATE_NEW_ADAPTER, around_validate_new_adapter, "AROUND", undo)
     queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_lora_adapter, "AROUND", undo)
-    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load_lora_adapter, "AROUND", undo)
+    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load, "AROUND", undo)
     queue_hook(targets.LORA_ADAPTER_NORMALIZE_WEIGHTS, before_normalize_weights, "BEFORE", undo)

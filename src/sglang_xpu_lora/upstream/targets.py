@@ -43,6 +43,8 @@ LORA_ADAPTER_INITIALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter.initialize_w
 LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights_from_tensors"
 LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"
 GET_LORA = "sglang.srt.runtime_context.get_lora"
+GET_NORMALIZED_TARGET_MODULES = "sglang.srt.lora.utils.get_normalized_target_modules"
+AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target_modules"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -108,6 +110,8 @@ ALL = (
     LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
     LORA_ADAPTER_NORMALIZE_WEIGHTS,
     GET_LORA,
+    GET_NORMALIZED_TARGET_MODULES,
+    AUTO_DETECT_LORA_TARGET_MODULES,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     TRITON_BACKEND,
@@ -180,15 +184,21 @@ REQUIRED_PARAMETERS = {
 REQUIRED_ATTRIBUTES = {
     # cfg = resolving_view(server_args) in the validation and adapter-check hooks; get_lora()
     # publishes the LoRA group of these fields (max_lora_rank).
-    SERVER_ARGS: ("enable_lora", "lora_backend", "lora_paths", "max_lora_rank", "model_path", "trust_remote_code", "device"),
+    SERVER_ARGS: (
+        "enable_lora", "lora_backend", "lora_paths", "lora_target_modules", "max_lora_rank", "model_path",
+        "trust_remote_code", "device",
+    ),
     SERVER_ARGS_FIELD_ARG: ("choices",),
     HOOK_REGISTRY: ("register",),
     HOOK_TYPE: ("AROUND", "AFTER", "BEFORE"),
-    LORA_MANAGER: ("base_model", "lora_backend", "memory_pool", "configs", "loras"),
+    LORA_MANAGER: (
+        "base_model", "base_hf_config", "lora_backend", "memory_pool", "configs", "loras", "target_modules",
+        "create_lora_update_result",
+    ),
     LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
     LORA_ADAPTER: ("config", "base_model", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
-    LORA_CONFIG: ("r", "hf_config", "target_modules"),
+    LORA_CONFIG: ("r", "hf_config", "target_modules", "added_tokens_config"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
     LORA_UPDATE_OUTPUT: ("success",),
     LORA_BATCH_INFO: (
