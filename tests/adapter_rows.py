@@ -1,6 +1,7 @@
 """The PEFT adapters of issue 12's table, built on the tiny Llama: those served exactly
 (``SERVED``), those refused at load with the field or tensor to name (``REFUSED``), and the rank-64
-adapter refused at start-up with ``--max-lora-rank 32`` (``TOO_BIG``)."""
+adapter refused at start-up with ``--max-lora-rank 32`` (``TOO_BIG``); and issue 18's adapters
+refused for their files, target modules or added tokens (:func:`build_broken`)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,38 @@ def build(tiny_artifacts) -> dict:
     from sglang_cpu_devsupport import tiny_model
 
     return tiny_model.build_all(tiny_artifacts["base"].parent, adapters=ALL)
+
+
+def build_broken(good_adapter, root, vocab_size: int) -> dict:
+    """Copies of ``good_adapter`` (a PEFT adapter directory for the tiny Llama) under ``root``, each
+    broken one way, and a path that does not exist: name -> (path, what the refusal must say)."""
+    import json
+    import shutil
+
+    def copy(name, drop=None, extra_targets=(), files=None):
+        out = root / name
+        shutil.copytree(good_adapter, out)
+        if drop:
+            (out / drop).unlink()
+        if extra_targets:
+            config = json.loads((out / "adapter_config.json").read_text())
+            config["target_modules"] = [*config["target_modules"], *extra_targets]
+            (out / "adapter_config.json").write_text(json.dumps(config))
+        for file, content in (files or {}).items():
+            (out / file).write_text(json.dumps(content))
+        return out
+
+    missing = root / "no-such-adapter"
+    return {
+        "missing-path": (missing, f"{missing}: the path does not exist"),
+        "no-config": (copy("no-config", drop="adapter_config.json"), "has no adapter_config.json"),
+        "no-weights": (copy("no-weights", drop="adapter_model.safetensors"), "has no adapter weights (adapter_model.safetensors"),
+        "foreign-target": (
+            copy("foreign-target", extra_targets=["query_key_value"]),
+            "names ['query_key_value'], which the base model does not have",
+        ),
+        "added-tokens": (
+            copy("added-tokens", files={"added_tokens.json": {"<s>": 1, "<sql>": vocab_size, "<end>": vocab_size + 1}}),
+            f"adds 2 token(s) ('<sql>', '<end>') to the base model's vocabulary of {vocab_size}",
+        ),
+    }

@@ -3,8 +3,11 @@ kernels, CPU, float32): PEFT adapters with rsLoRA, alpha/rank patterns, partial 
 ``target_modules`` are served as transformers + PEFT compute them (first-token log-probs within
 1e-4 and 16 identical greedy tokens; rsLoRA also from ``--lora-paths``); adapters with refused
 fields, for another hidden size, or with a NaN tensor get HTTP 400 naming the field or tensor,
-leave nothing loaded, and the server keeps serving. A rank-64 adapter in ``--lora-paths`` with
-``--max-lora-rank 32`` stops the launcher at argument validation, before the model loads."""
+leave nothing loaded, and the server keeps serving; so do a mistyped local path, a directory
+without ``adapter_config.json`` or without weights, a target module the model does not have, added
+tokens and a module the pool was not built for (issue 18). A launcher given a rank-64 adapter with
+``--max-lora-rank 32`` and each of those bad adapters stops at argument validation, before the model
+loads, naming every one."""
 
 from __future__ import annotations
 
@@ -43,10 +46,18 @@ def nan_adapter(paths, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def refused_launch(paths, tmp_path_factory):
-    """A launcher given ``--lora-paths big-r64`` with ``--max-lora-rank 32``, started before (and
-    running alongside) the shared server's start-up; yields ``wait() -> (returncode, output)``."""
-    argv = serving.server_argv(paths, ["sql-r8", "big-r64"], serving.free_port())
+def bad_adapters(paths, tmp_path_factory):
+    """Adapters refused for their files, their target modules or their tokens (issue 18)."""
+    return adapter_rows.build_broken(paths["sql-r8"], tmp_path_factory.mktemp("bad"), tiny_model.VOCAB_SIZE)
+
+
+@pytest.fixture(scope="module")
+def refused_launch(paths, bad_adapters, tmp_path_factory):
+    """A launcher given ``--lora-paths big-r64`` with ``--max-lora-rank 32`` and every bad adapter,
+    started before (and running alongside) the shared server's start-up; yields
+    ``wait() -> (returncode, output)``."""
+    bad = {name: path for name, (path, _) in bad_adapters.items()}
+    argv = serving.server_argv({**paths, **bad}, ["sql-r8", "big-r64", *bad], serving.free_port())
     argv[argv.index("--log-level") + 1] = "info"  # so a model load would show ("Load weight begin")
     log_path = tmp_path_factory.mktemp("refused") / "launcher.log"
     with open(log_path, "w") as log:
@@ -107,9 +118,12 @@ def test_served_rows_equal_transformers_and_peft(server, paths, tokenizer):
     assert_equals_peft(generate(server, tokenizer, loras), loras, paths, tokenizer)
 
 
-def test_refused_rows_get_400_naming_field_or_tensor_and_nothing_loads(server, paths, tokenizer, nan_adapter):
+def test_refused_rows_get_400_naming_field_or_tensor_and_nothing_loads(server, paths, tokenizer, nan_adapter, bad_adapters):
     refused = [(spec.name, paths[spec.name], named) for spec, named in adapter_rows.REFUSED]
     refused.append(("nan-adapter", nan_adapter, "'base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight' has 1 non-finite"))
+    refused += [(name, path, named) for name, (path, named) in bad_adapters.items()]
+    # The model has embed_tokens and lm_head, but the pool was built for the start-up adapters' modules.
+    refused.append(("emb-head-r8", paths["emb-head-r8"], "restart it with --lora-target-modules including ['embed_tokens', 'lm_head']"))
     for name, path, named in refused:
         with pytest.raises(serving.HTTPStatusError) as answer:
             server("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
@@ -123,8 +137,11 @@ def test_refused_rows_get_400_naming_field_or_tensor_and_nothing_loads(server, p
     assert server("/unload_lora_adapter", {"lora_name": "other-hidden"})["success"]
 
 
-def test_launcher_refuses_rank_above_max_lora_rank_before_loading_the_model(refused_launch):
+def test_launcher_refuses_bad_adapters_before_loading_the_model(refused_launch, bad_adapters):
     returncode, output = refused_launch()
     assert returncode == 1, output[-3000:]
     assert "'big-r64'" in output and "exceeds --max-lora-rank 32" in output, output[-3000:]
+    for name, (_, named) in bad_adapters.items():
+        assert repr(name) in output and named in output, (name, output[-3000:])
+    assert "Repo id" not in output, output[-3000:]
     assert "Load weight" not in output, output[-3000:]

@@ -9,7 +9,14 @@ import math
 import pytest
 
 from sglang_xpu_lora.adapters import AdapterRejected
-from sglang_xpu_lora.adapters.config_checks import FIELDS, AdapterPlan, check_adapter_config, pattern_key, resolve_target_regex
+from sglang_xpu_lora.adapters.config_checks import (
+    FIELDS,
+    AdapterPlan,
+    check_adapter_config,
+    check_target_modules,
+    pattern_key,
+    resolve_target_regex,
+)
 from sglang_xpu_lora.adapters.scale_folding import module_scale, served_scale
 
 peft = pytest.importorskip("peft")
@@ -130,3 +137,41 @@ def test_docs_page_names_every_field():
 
     page = (Path(__file__).parents[2] / "docs" / "peft-adapters.md").read_text()
     assert [field for field in FIELDS if f"`{field}`" not in page] == []
+
+
+def normalize(modules):
+    """SGLang's own names for target modules (what the plugin passes)."""
+    from sglang.srt.lora.utils import get_normalized_target_modules
+
+    return get_normalized_target_modules(modules)
+
+
+LLAMA_MODULES = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+    f"model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj", "down_proj")
+] + ["model.embed_tokens", "lm_head"]
+
+
+@pytest.mark.parametrize(
+    "target_modules",
+    [["q_proj", "v_proj"], ["self_attn.q_proj", "o_proj"], ["qkv_proj", "gate_up_proj"], "all-linear", r".*\.q_proj"],
+)
+def test_target_modules_the_model_has_pass(target_modules):
+    check_target_modules("a", target_modules, LLAMA_MODULES, normalize)
+    check_target_modules("a", target_modules, LLAMA_MODULES, normalize, served_modules={"qkv_proj", "o_proj", "gate_up_proj"})
+
+
+def test_a_target_module_the_model_does_not_have_is_named():
+    with pytest.raises(AdapterRejected) as refused:
+        check_target_modules("a", ["q_proj", "query_key_value", "c_attn"], LLAMA_MODULES, normalize)
+    assert str(refused.value) == (
+        "LoRA adapter 'a' cannot be served exactly: field 'target_modules' names ['query_key_value', 'c_attn'], "
+        "which the base model does not have; the adapter was trained for another model (or, if it has no tensors "
+        "for them, remove them from target_modules in adapter_config.json)"
+    )
+
+
+def test_a_target_module_the_pool_was_not_built_for_is_named_with_the_flag():
+    with pytest.raises(AdapterRejected) as refused:
+        check_target_modules("a", ["q_proj", "up_proj", "lm_head"], LLAMA_MODULES, normalize, served_modules={"qkv_proj"})
+    assert "names ['up_proj', 'lm_head'], but the server was started with LoRA on ['qkv_proj'] only; restart it " \
+        "with --lora-target-modules including ['gate_up_proj', 'lm_head'] (or all)" in str(refused.value)
