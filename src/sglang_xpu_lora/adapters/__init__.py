@@ -5,8 +5,11 @@ ignores the rest. For adapters served by this plugin's backends (and, with
 ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``, by SGLang's own), :mod:`sglang_xpu_lora.patches.adapter_checks`
 runs, before any memory-pool slot is touched:
 
+* :mod:`.adapter_files`: a local adapter path (not a Hub id) must be a directory with
+  ``adapter_config.json`` and weights; tokens added to the vocabulary are refused.
 * :mod:`.config_checks`: every field of PEFT's ``LoraConfig`` is honoured or refused, naming the
-  adapter, the field and what to do; the result is an :class:`~.config_checks.AdapterPlan`.
+  adapter, the field and what to do; the result is an :class:`~.config_checks.AdapterPlan`; each
+  listed target module must be one the base model has (and the memory pool serves).
 * :mod:`.tensor_checks`: each tensor is finite and has the shape the base model expects (the
   unsharded shape SGLang's TP slicers cut per rank); q/k/v or gate/up slices an adapter does not
   target are added as zeros.

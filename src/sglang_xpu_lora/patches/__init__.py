@@ -16,7 +16,9 @@ adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validat
                        ``LoRAAdapter._normalize_weights`` (BEFORE): every ``adapter_config.json`` field honoured
                        (rsLoRA, alpha/rank patterns, regex targets, partial q/k/v) or refused at
                        load, tensors finite and shaped for the model, nothing left after a failed
-                       load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
+                       load; local adapter paths with their files, target modules the model
+                       has and no added tokens, for ``--lora-paths`` before the model loads; for
+                       plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
                        Remove when SGLang honours every ``LoraConfig`` field itself.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
