@@ -210,15 +210,15 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
             plan_adapter(manager, lora_config, lora_ref)
         return original(manager, lora_config, lora_ref, *args, **kwargs)
 
-    def around_load_lora_adapter(original, manager, lora_ref, *args, **kwargs):
+    def around_load_from_path(original, manager, lora_ref, *args, **kwargs):
         if checked_backends.applies_to(manager.lora_backend.name):
             try:  # before SGLang reads a path that is not a directory as a Hub id
                 check_adapter_files(lora_ref.lora_name, lora_ref.lora_path)
             except AdapterRejected as exc:
                 return manager.create_lora_update_result(success=False, error_message=str(exc))
-        return around_load(original, manager, lora_ref, *args, **kwargs)
+        return around_load_leaving_nothing(original, manager, lora_ref, *args, **kwargs)
 
-    def around_load(original, manager, lora_ref, *args, **kwargs):
+    def around_load_leaving_nothing(original, manager, lora_ref, *args, **kwargs):
         if not checked_backends.applies_to(manager.lora_backend.name):
             return original(manager, lora_ref, *args, **kwargs)
         had_config, had_weights = lora_ref.lora_id in manager.configs, lora_ref.lora_id in manager.loras
@@ -235,6 +235,6 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
 
     queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
     queue_hook(targets.LORA_MANAGER_VALIDATE_NEW_ADAPTER, around_validate_new_adapter, "AROUND", undo)
-    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_lora_adapter, "AROUND", undo)
-    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load, "AROUND", undo)
+    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER, around_load_from_path, "AROUND", undo)
+    queue_hook(targets.LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS, around_load_leaving_nothing, "AROUND", undo)
     queue_hook(targets.LORA_ADAPTER_NORMALIZE_WEIGHTS, before_normalize_weights, "BEFORE", undo)
