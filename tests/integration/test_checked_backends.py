@@ -16,11 +16,15 @@ from sglang_xpu_lora.adapters import checked_backends
 
 @pytest.fixture
 def big_adapter(tmp_path):
-    """An adapter directory whose config is rank 64 (no tensors are read at argument validation)."""
+    """A rank-64 q_proj adapter directory (refused by its config before its tensors are read)."""
+    from safetensors.torch import save_file
+
     path = tmp_path / "big-r64"
     path.mkdir()
     config = {"peft_type": "LORA", "r": 64, "lora_alpha": 64, "target_modules": ["q_proj"], "bias": "none"}
     (path / "adapter_config.json").write_text(json.dumps(config))
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_A.weight": torch.zeros(64, 128), f"{prefix}.lora_B.weight": torch.zeros(128, 64)}, path / "adapter_model.safetensors")
     return path
 
 
