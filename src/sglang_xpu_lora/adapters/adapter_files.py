@@ -63,11 +63,12 @@ def check_adapter_files(name: str, reference: str) -> Optional[Path]:
     if not is_local_reference(reference):
         return None
     path = Path(reference)
-    if reference.startswith("~"):
-        _reject(name, reference, f"SGLang does not expand '~' in adapter paths; give the full path ({os.path.expanduser(reference)})")
+    if not path.exists() and reference.startswith("~"):
+        expanded = os.path.expanduser(reference)
+        _reject(name, reference, f"SGLang does not expand '~' in adapter paths; give the full path ({expanded})")
     if not path.exists():
         why = "" if reference.startswith(LOCAL_PREFIXES) else f" (nor is it a Hugging Face Hub id: {hub_id_problem(reference)})"
-        _reject(name, reference, f"the path does not exist{why}; check the path, or give an existing adapter directory")
+        _reject(name, reference, f"the path does not exist{why}; check the path or give an existing adapter directory")
     if not path.is_dir():
         _reject(name, reference, f"it is a file, not a directory; give the directory that holds {ADAPTER_CONFIG}")
     if not (path / ADAPTER_CONFIG).is_file():

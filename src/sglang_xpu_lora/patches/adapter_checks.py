@@ -168,7 +168,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.
     wrapped = set(getattr(manager, "target_modules", None) or ())
     model_modules = resolve(targets.AUTO_DETECT_LORA_TARGET_MODULES)(manager.base_model) | wrapped
-    check_target_modules(lora_ref.lora_name, lora_config.target_modules, model_modules, _normalize, None if pool is None else wrapped)
+    served = None if pool is None else wrapped
+    check_target_modules(lora_ref.lora_name, lora_config.target_modules, model_modules, _normalize, served)
     check_added_tokens(lora_ref.lora_name, lora_config.added_tokens_config, manager.base_hf_config.vocab_size)
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)
