@@ -16,6 +16,7 @@ start-up only after the model load.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Mapping, Optional
@@ -92,8 +93,6 @@ def read_added_tokens(directory: Path) -> Optional[dict]:
     Raises:
         ValueError: the file is not valid JSON.
     """
-    import json
-
     file = directory / ADDED_TOKENS
     return json.loads(file.read_text()) if file.is_file() else None
 
