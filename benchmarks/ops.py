@@ -145,11 +145,11 @@ class Case:
         if self.permutation is not None:
             expand_op = "chunked_sgmv_lora_expand_fwd"
             mid = ops.chunked_sgmv_lora_shrink_fwd(
-                input_x=x, weights=a, stack_num=n, num_segments=MAX_LORAS, permutation=self.permutation, **meta
+                input_x=x, weights=a, num_slices=n, num_segments=MAX_LORAS, permutation=self.permutation, **meta
             )
         else:
             expand_op = {3: "qkv_lora_b_fwd", 2: "gate_up_lora_b_fwd", 1: "sgemm_lora_b_fwd"}[n]
-            mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=n, **meta)
+            mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=n, **meta)
         if n > 1 and reads_spaced(expand_op):
             mid = slice_layout.spaced_slices(mid, self.spacing[n])
         expand = dict(input_x=mid, scalings=self.scalings, **meta)

@@ -25,7 +25,7 @@ Two differences from the interface's common contract (:mod:`.base`), both SGLang
 
 * the B ops add into ``base_output`` in place and return it (callers use the returned tensor);
 * a shrink's output is written only for rows of segments whose slot has a non-zero rank, and only
-  up to ``stack_num * rank`` columns; everything else is uninitialised. Only the Triton B ops read
+  up to ``num_slices * rank`` columns; everything else is uninitialised. Only the Triton B ops read
   it correctly (they skip those rows and columns), so the selection pairs a Triton shrink with
   Triton expands (:mod:`.selection`).
 
@@ -36,17 +36,54 @@ them for large permuted batches (:mod:`sglang_xpu_lora.backend.batch_routes`), a
 Capture safety: the kernels read ranks, segments and permutation from device memory and launch
 grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
 XPU graphs (SGLang captures them in its ``triton`` backend).
+
+Where they run (:func:`triton_support`): on a GPU with an active Triton backend for it; on CPU only
+in Triton's interpreter, which only ``SGLANG_XPU_LORA_KERNELS=triton`` uses (tests): ``auto`` and
+``native`` never do (it is far slower than the portable ops). :data:`PROVIDER` describes all this
+to the selection.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import types
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
-name = "triton"
+from sglang_xpu_lora.providers.base import OP_NAMES, Device, Offer, Provider, device_type
+from sglang_xpu_lora.settings import KERNELS_ENV
+
+#: Triton backends that serve each device type.
+TRITON_BACKENDS = {"cuda": ("nvidia", "amd"), "xpu": ("intel",)}
+
+
+def triton_support(device: Device) -> tuple[bool, str]:
+    """Whether SGLang's Triton LoRA kernels can run on ``device``, and why (not).
+
+    A GPU device needs an active Triton backend for it (``nvidia``/``amd`` for ``cuda``, ``intel``
+    for ``xpu``); CPU tensors run only in Triton's interpreter (``TRITON_INTERPRET=1``).
+    """
+    kind = device_type(device)
+    if kind is None:
+        return False, "the serving device is unknown"
+    try:
+        import triton
+    except Exception as exc:  # noqa: BLE001 - a broken Triton is as unusable as a missing one
+        return False, f"triton is not importable ({type(exc).__name__}: {exc})"
+    if kind == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return True, f"Triton {triton.__version__} interpreter (TRITON_INTERPRET=1)"
+        return False, "Triton has no CPU backend (TRITON_INTERPRET=1 runs its interpreter, for tests)"
+    try:
+        from triton.backends import backends
+    except Exception as exc:  # noqa: BLE001
+        return False, f"triton.backends is not importable ({type(exc).__name__}: {exc})"
+    for backend in TRITON_BACKENDS.get(kind, ()):
+        if backend in backends and backends[backend].driver.is_active():
+            return True, f"Triton {triton.__version__} {backend} backend"
+    return False, f"no active Triton backend for {kind} (installed: {', '.join(sorted(backends)) or 'none'})"
 
 
 @functools.cache
@@ -106,8 +143,8 @@ def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
         # the permuted shrink too: sgemm_lora_a_fwd reads rows through batch_info.permutation
         sgemm_lora_a = kernels.sgemm_lora_a
 
-        def shrink(input_x, weights, stack_num):
-            return sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
+        def shrink(input_x, weights, num_slices):
+            return sgemm_lora_a(input_x, weights, batch_info, stack_num=num_slices)
 
         return shrink
     # the chunked expand's uniform-band forms (batch_binding.UNIFORM_BAND_FORMS) are the kernels
@@ -154,7 +191,7 @@ def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
 def sgemm_lora_a_fwd(
     input_x: torch.Tensor,
     weights: torch.Tensor,
-    stack_num: int,
+    num_slices: int,
     seg_indptr: torch.Tensor,
     weight_indices: torch.Tensor,
     lora_ranks: torch.Tensor,
@@ -162,9 +199,9 @@ def sgemm_lora_a_fwd(
     *,
     batch_info,
 ) -> torch.Tensor:
-    """Shrink. input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``
+    """Shrink. input_x: ``(s, K)``; weights: ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``
     (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
-    return bind("sgemm_lora_a_fwd", batch_info)(input_x, weights, stack_num)
+    return bind("sgemm_lora_a_fwd", batch_info)(input_x, weights, num_slices)
 
 
 def sgemm_lora_b_fwd(
@@ -224,7 +261,7 @@ def gate_up_lora_b_fwd(
 def chunked_sgmv_lora_shrink_fwd(
     input_x: torch.Tensor,
     weights: torch.Tensor,
-    stack_num: int,
+    num_slices: int,
     num_segments: int,
     seg_indptr: torch.Tensor,
     weight_indices: torch.Tensor,
@@ -236,7 +273,7 @@ def chunked_sgmv_lora_shrink_fwd(
     """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
     ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
     :func:`sgemm_lora_a_fwd`."""
-    return bind("chunked_sgmv_lora_shrink_fwd", batch_info)(input_x, weights, stack_num)
+    return bind("chunked_sgmv_lora_shrink_fwd", batch_info)(input_x, weights, num_slices)
 
 
 def chunked_sgmv_lora_expand_fwd(
@@ -263,17 +300,17 @@ def chunked_sgmv_lora_expand_fwd(
     )
 
 
-def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, stack_num: int, *, batch_info) -> torch.Tensor:
+def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, num_slices: int, *, batch_info) -> torch.Tensor:
     """Shrink with SGLang's chunked-SGMV kernel (``chunked_sgmv_lora_shrink_forward``).
 
-    input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``, the packed
+    input_x: ``(s, K)``; weights: ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``, the packed
     intermediate (slice ``p`` at columns ``p * rank``) on rows of live segments only, as
     :func:`sgemm_lora_a_fwd`. ``batch_info``: segments of at most ``batch_info.max_len`` tokens
     (16, 32, 64 or 128) through ``batch_info.permutation``
     (:func:`sglang_xpu_lora.backend.batch_routes.chunk_segments`); read only by
     :func:`csgmv_expand_fwd`.
     """
-    return _kernels().chunked_sgmv_shrink(input_x, weights, batch_info, stack_num)
+    return _kernels().chunked_sgmv_shrink(input_x, weights, batch_info, num_slices)
 
 
 def csgmv_expand_fwd(
@@ -293,3 +330,28 @@ def csgmv_expand_fwd(
     ``(s, N)`` tensor when it is None.
     """
     return _kernels().chunked_sgmv_expand(input_x, weights, batch_info, slice_offsets, max_slice_size, base_output)
+
+
+class TritonProvider(Provider):
+    """SGLang's Triton kernels: every op or none, by where Triton runs (:func:`triton_support`)."""
+
+    def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
+        runs, why = triton_support(device_kind)
+        if device_kind == "cpu" and runs and kernels != self.name:
+            runs, why = False, f"{KERNELS_ENV}={kernels} does not use the Triton interpreter on CPU"
+        return {op: Offer(globals()[op] if runs else None, why) for op in OP_NAMES}
+
+    def unavailable_error(self, op: str, device_kind: Optional[str], reason: str) -> str:
+        return (
+            f"{KERNELS_ENV}=triton: SGLang's Triton LoRA kernels cannot run on device {device_kind}: {reason}. "
+            f"Unset {KERNELS_ENV} or set {KERNELS_ENV}=torch for the portable kernels"
+        )
+
+    def bind_to_batch(self, name: str, batch_info) -> Callable[..., torch.Tensor]:
+        return bind(name, batch_info)
+
+
+PROVIDER = TritonProvider(
+    name="triton", title="Triton", contracts_over_max_rank=False, expands_read_spaced_slices=False,
+    shrink_feeds_only_own_expands=True,
+)
