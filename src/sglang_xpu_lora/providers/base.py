@@ -185,11 +185,21 @@ def signature_mismatch(op: str, function: Callable, keyword_only: tuple[str, ...
         if (want.name, want.kind, want.default) != (got.name, got.kind, got.default) or (
             want.annotation is not inspect.Parameter.empty and str(want.annotation) != str(got.annotation)
         ):
-            return f"{op}: parameter {position} is {got} where the interface has {want}"
+            return f"{op}: parameter {position} is {_spelled(got)} where the interface has {_spelled(want)}"
     if len(expected) != len(actual):
-        extra = [str(p) for p in (actual[len(expected):] or expected[len(actual):])]
+        extra = [_spelled(p) for p in (actual[len(expected):] or expected[len(actual):])]
         return f"{op}: {'extra' if len(actual) > len(expected) else 'missing'} parameter(s) {', '.join(extra)}"
     return None
+
+
+def _spelled(parameter: inspect.Parameter) -> str:
+    """``parameter`` as written (string annotations unquoted), keyword-only ones marked ``*,``."""
+    text = parameter.name
+    if parameter.annotation is not inspect.Parameter.empty:
+        text += f": {parameter.annotation}"
+    if parameter.default is not inspect.Parameter.empty:
+        text += f" = {parameter.default!r}"
+    return f"*, {text}" if parameter.kind is inspect.Parameter.KEYWORD_ONLY else text
 
 
 def ignoring_batch_info(function: Callable) -> Callable:
