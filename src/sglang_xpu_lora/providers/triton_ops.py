@@ -10,7 +10,8 @@ way, and must describe the same batch: ``IntelXpuLoRABackend`` passes the batch 
 Triton backend prepared. :func:`bind` binds an op to one batch info instead (the backend's
 per-batch routes, :mod:`.batch_binding`): per call it takes only the module's tensors and host
 integers, positionally, and calls the kernel with the batch info, positionally, as
-``TritonLoRABackend`` does; the keyword functions go through it.
+``TritonLoRABackend`` does; the keyword functions go through it and take their signatures from
+the interface itself (:func:`.base.signature`), so they are not written out here a second time.
 
 Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
 stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
@@ -46,13 +47,15 @@ to the selection.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import types
 from typing import Callable, Mapping, Optional
 
 import torch
 
-from sglang_xpu_lora.providers.base import OP_NAMES, Device, Offer, Provider, device_type
+from sglang_xpu_lora.providers.base import OP_NAMES, Device, Offer, Provider, device_type, signature
+from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
 from sglang_xpu_lora.settings import KERNELS_ENV
 
 #: Triton backends that serve each device type.
@@ -101,27 +104,6 @@ def _kernels() -> types.SimpleNamespace:
         gate_up_lora_b=resolve(targets.TRITON_GATE_UP_LORA_B),
         chunked_sgmv_shrink=resolve(targets.TRITON_CHUNKED_SGMV_SHRINK),
         chunked_sgmv_expand=resolve(targets.TRITON_CHUNKED_SGMV_EXPAND),
-    )
-
-
-def embedding_lora_a_fwd(
-    input_ids: torch.Tensor,
-    weights: torch.Tensor,
-    vocab_size: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    extra_embeddings: Optional[torch.Tensor] = None,
-    seg_lens: Optional[torch.Tensor] = None,
-    max_len: Optional[int] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """LoRA-A embedding lookup. input_ids: ``(s,)``; weights: ``(L, R, vocab)`` -> ``(s, R)`` in
-    weights' dtype, zero past each slot's rank (SGLang ``embedding_lora_a_fwd``)."""
-    return _kernels().embedding_lora_a(
-        input_ids=input_ids, weights=weights, batch_info=batch_info, vocab_size=vocab_size,
-        extra_embeddings=extra_embeddings,
     )
 
 
@@ -188,116 +170,49 @@ def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
 # --- the interface's keyword signatures (op tables, tests): each call binds its op -------------
 
 
-def sgemm_lora_a_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    num_slices: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Shrink. input_x: ``(s, K)``; weights: ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``
-    (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
-    return bind("sgemm_lora_a_fwd", batch_info)(input_x, weights, num_slices)
+def _keyword_op(op: str) -> Callable[..., torch.Tensor]:
+    """Op ``op`` with the interface's signature (:func:`.base.signature`) plus the keyword-only
+    ``batch_info``: the embedding op calls SGLang's kernel with the batch info; the others bind the
+    op to it (:func:`bind`) and pass the per-call arguments
+    (:data:`.batch_binding.BOUND_PARAMETERS`). The loose index arguments are checked for presence
+    only (the batch info describes the batch).
 
-
-def sgemm_lora_b_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, one slice. input_x: ``(s, R)``; weights: ``(L, N, R)`` -> ``(s, N)``
-    (SGLang ``sgemm_lora_b_fwd``)."""
-    return bind("sgemm_lora_b_fwd", batch_info)(input_x, weights, base_output)
-
-
-def qkv_lora_b_fwd(
-    input_x: torch.Tensor,
-    qkv_lora_b: torch.Tensor,
-    output_offset: torch.Tensor,
-    max_qkv_out_dim: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, three bands at device ``output_offset`` ``(4,)`` int32. input_x: ``(s, 3R)``;
-    qkv_lora_b: ``(L, N, R)`` -> ``(s, N)`` (SGLang ``qkv_lora_b_fwd``)."""
-    return bind("qkv_lora_b_fwd", batch_info)(input_x, qkv_lora_b, output_offset, max_qkv_out_dim, base_output)
-
-
-def gate_up_lora_b_fwd(
-    input_x: torch.Tensor,
-    gate_up_lora_b: torch.Tensor,
-    output_dim: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, two equal bands. input_x: ``(s, 2R)``; gate_up_lora_b: ``(L, 2 * output_dim, R)`` ->
-    ``(s, 2 * output_dim)`` (SGLang ``gate_up_lora_b_fwd``)."""
-    return bind("gate_up_lora_b_fwd", batch_info)(input_x, gate_up_lora_b, output_dim, base_output)
-
-
-def chunked_sgmv_lora_shrink_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    num_slices: int,
-    num_segments: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    permutation: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
-    ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
-    :func:`sgemm_lora_a_fwd`."""
-    return bind("chunked_sgmv_lora_shrink_fwd", batch_info)(input_x, weights, num_slices)
-
-
-def chunked_sgmv_lora_expand_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    slice_offsets: torch.Tensor,
-    max_slice_size: int,
-    num_slices: int,
-    num_segments: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    permutation: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand of ``num_slices`` bands at device ``slice_offsets`` ``(num_slices + 1,)`` int32.
-    input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``; the kernel as
-    :func:`bind` chooses it."""
-    return bind("chunked_sgmv_lora_expand_fwd", batch_info)(
-        input_x, weights, slice_offsets, max_slice_size, num_slices, base_output
+    Raises:
+        TypeError: for arguments the interface's signature does not accept.
+    """
+    interface = signature(op)
+    with_batch_info = interface.replace(
+        parameters=[*interface.parameters.values(), inspect.Parameter("batch_info", inspect.Parameter.KEYWORD_ONLY)]
     )
+
+    def call(*args, **kwargs) -> torch.Tensor:
+        arguments = with_batch_info.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        given = arguments.arguments
+        if op == "embedding_lora_a_fwd":  # one call per forward, not bound to the batch
+            return _kernels().embedding_lora_a(
+                input_ids=given["input_ids"], weights=given["weights"], batch_info=given["batch_info"],
+                vocab_size=given["vocab_size"], extra_embeddings=given["extra_embeddings"],
+            )
+        return bind(op, given["batch_info"])(*(given[name] for name in BOUND_PARAMETERS[op]))
+
+    call.__name__ = call.__qualname__ = op
+    call.__signature__ = with_batch_info
+    call.__doc__ = f"SGLang's Triton kernel for the interface's ``{op}`` (:mod:`.base`), called with ``batch_info``."
+    return call
+
+
+#: LoRA-A embedding lookup, ``(s, R)`` in the weights' dtype, zero past each slot's rank.
+embedding_lora_a_fwd = _keyword_op("embedding_lora_a_fwd")
+sgemm_lora_a_fwd = _keyword_op("sgemm_lora_a_fwd")
+sgemm_lora_b_fwd = _keyword_op("sgemm_lora_b_fwd")
+qkv_lora_b_fwd = _keyword_op("qkv_lora_b_fwd")
+gate_up_lora_b_fwd = _keyword_op("gate_up_lora_b_fwd")
+#: The permuted shrink: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
+#: ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode).
+chunked_sgmv_lora_shrink_fwd = _keyword_op("chunked_sgmv_lora_shrink_fwd")
+#: The expand of ``num_slices`` bands: the kernel as :func:`bind` chooses it.
+chunked_sgmv_lora_expand_fwd = _keyword_op("chunked_sgmv_lora_expand_fwd")
 
 
 def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, num_slices: int, *, batch_info) -> torch.Tensor:
