@@ -315,10 +315,9 @@ class SelectionLog:
             return
         for op in selection.choices:
             eager, graph = selection.choices[op], selection.graph_choices[op]
-            if eager.provider is not PROVIDERS[0]:
-                if self._first("eager", op, eager.provider):
-                    level = logging.WARNING if eager.provider.last_resort else logging.INFO
-                    logger.log(level, "sglang-xpu-lora: %s uses the %s provider (%s)", op, eager.provider.name, eager.reason)
+            if eager.provider is not PROVIDERS[0] and self._first("eager", op, eager.provider):
+                level = logging.WARNING if eager.provider.last_resort else logging.INFO
+                logger.log(level, "sglang-xpu-lora: %s uses the %s provider (%s)", op, eager.provider.name, eager.reason)
             elif selection.graph_decided and eager.provider is not graph.provider and self._first("graph", op, graph.provider):
                 logger.info(
                     "sglang-xpu-lora: %s: %s outside graphs, %s inside graphs (%s)",
