@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_xpu_lora.patches.mem_pool import SlotZeroing, has_zeroed_slots
+from sglang_xpu_lora.patches.mem_pool import RECORD_ATTR, SlotZeroing, has_zeroed_slots
 
 MAX_RANK = 16  # doc-r16 fills its slot: a smaller adapter loaded over it leaves stale rows to its end
 TARGETS = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
@@ -142,7 +142,9 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
     sglang_plugins_loaded, tiny_artifacts, monkeypatch, kernels, intel_xpu_zeroed
 ):
     """intel_xpu needs zeroed slots when a native or portable op serves (auto on CPU: portable),
-    not when every op is Triton; it is handed its pool, to check it."""
+    not when every op is Triton; it is handed its pool, to check it, through its spec only (a
+    backend of SGLang's with an attribute of the same name gets nothing); the patch leaves one
+    record on each pool."""
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
     from sglang.srt.lora.backend.lora_registry import get_backend_from_name
     from sglang.srt.lora.lora_manager import LoRAManager
@@ -151,7 +153,7 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
 
     config = AutoConfig.from_pretrained(tiny_artifacts["base"])
     tp1 = dict(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0)
-    marks = {}
+    marks, handed, added = {}, {}, {}
     with get_parallel().override(**tp1):
         for backend_name in ("intel_xpu", "torch_native"):
             manager = types.SimpleNamespace(
@@ -161,12 +163,15 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
                 enable_lora_overlap_loading=False, fetch_new_loras=lambda uids: None,
                 lora_backend=get_backend_from_name(backend_name)(max_loras_per_batch=2, device=torch.device("cpu")),
             )
+            if backend_name == "torch_native":
+                manager.lora_backend.lora_memory_pool = None  # the attribute intel_xpu keeps its pool in
             LoRAManager.init_memory_pool(manager)
+            added[backend_name] = {name for name in vars(manager.memory_pool) if "lora_slots" in name or "xpu_lora" in name}
             marks[backend_name] = SlotZeroing.of(manager.memory_pool).requested
-            if backend_name == "intel_xpu":
-                handed = manager.lora_backend.lora_memory_pool is manager.memory_pool
+            handed[backend_name] = manager.lora_backend.lora_memory_pool is manager.memory_pool
     assert marks == {"intel_xpu": intel_xpu_zeroed, "torch_native": False}
-    assert handed
+    assert handed == {"intel_xpu": True, "torch_native": False}
+    assert added == {"intel_xpu": {RECORD_ATTR}, "torch_native": {RECORD_ATTR}}  # the patch's one record
 
 
 #: Provider mixes on CPU: (SGLANG_XPU_LORA_KERNELS, emulated build or None, portable routing, the
