@@ -313,7 +313,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
         applies to that many rows and the permuted ops of the table are Triton's."""
         choices = self.op_selection.choices_for(use_graph)
-        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider is triton_ops.PROVIDER for op in CHUNKED_OPS)
+        chunked_kernels_serve = all(choices[op].provider is triton_ops.PROVIDER for op in CHUNKED_OPS)
+        return self.chunked_decode_rule.applies(max_rows) and chunked_kernels_serve
 
     def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
         """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the

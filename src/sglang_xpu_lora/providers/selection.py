@@ -318,7 +318,8 @@ class SelectionLog:
             if eager.provider is not PROVIDERS[0] and self._first("eager", op, eager.provider):
                 level = logging.WARNING if eager.provider.last_resort else logging.INFO
                 logger.log(level, "sglang-xpu-lora: %s uses the %s provider (%s)", op, eager.provider.name, eager.reason)
-            elif selection.graph_decided and eager.provider is not graph.provider and self._first("graph", op, graph.provider):
+            elif (selection.graph_decided and eager.provider is not graph.provider
+                  and self._first("graph", op, graph.provider)):
                 logger.info(
                     "sglang-xpu-lora: %s: %s outside graphs, %s inside graphs (%s)",
                     op, eager.provider.name, graph.provider.name, graph.reason,
@@ -332,7 +333,9 @@ class SelectionLog:
         return True
 
 
-def select_ops(device: Device = None, graph_verdicts: Optional[dict] = None, log: Optional[SelectionLog] = None) -> OpSelection:
+def select_ops(
+    device: Device = None, graph_verdicts: Optional[dict] = None, log: Optional[SelectionLog] = None
+) -> OpSelection:
     """:func:`choose` for ``device`` and ``graph_verdicts``, reported to ``log`` (each line once per
     log; without one, a new log: every line).
 
