@@ -77,6 +77,8 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
     """Step 4 of the module docstring for ``mode`` (``decode``: 64 tokens, ``prefill``: 2 x 512),
     on a Llama-3.1-8B layer (``quick``: a tiny layer)."""
     from benchmarks.ops import TINY, Case, graph, reference_output
+    from sglang_xpu_lora.providers import triton_ops
+
     tokens = 64 if mode == "decode" else 1024
     model = TINY if quick else MODELS["llama-3.1-8b"]
     case, other = (Case(model, MAX_RANK, ADAPTERS, tokens, mode, torch.bfloat16 if device.type in GRAPH_DEVICES else torch.float32,
@@ -84,11 +86,11 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
     for c in (case, other):
         c.scalings.copy_(torch.linspace(0.5, 2.0, c.scalings.numel()))  # distinct per adapter
     info = None
-    if selection.uses_triton:
+    if triton_ops.PROVIDER in selection.providers:
         from benchmarks.triton_peers import dense_batch_info
 
         info = dense_batch_info(case)  # real ranks on SGLang's packed pool
-    result = {"mode": mode, "tokens": tokens, "graph_ops": sorted({c.provider for c in selection.graph_choices.values()})}
+    result = {"mode": mode, "tokens": tokens, "graph_ops": sorted({c.provider.name for c in selection.graph_choices.values()})}
     if device.type in GRAPH_DEVICES:
         outputs = {}
         replay = graph(lambda: outputs.update(layer(selection, True, case, info)), device)  # warm-up, then capture
@@ -117,9 +119,10 @@ def expected_eager(selection, verdicts: dict) -> dict:
     permuted ops on Triton where Triton runs, unless their trial showed them sync-free
     (``providers.selection.EAGER_DECODE_PREFERS_TRITON``)."""
     from sglang_xpu_lora.providers import selection as rules
+    from sglang_xpu_lora.providers import triton_ops
 
     def provider(op):
-        moved = rules.EAGER_DECODE_PREFERS_TRITON and selection.uses_triton and op in rules.DECODE_OPS
+        moved = rules.EAGER_DECODE_PREFERS_TRITON and triton_ops.PROVIDER in selection.providers and op in rules.DECODE_OPS
         return "triton" if moved and not verdicts[op].capture_safe else "native"
 
     return {op: provider(op) for op in selection.choices}
@@ -157,8 +160,8 @@ def probe_build(build: str, device: torch.device, args) -> dict:
         expected = "torch" if not gpu else BUILDS.get(build)  # installed: whatever the trials decided
         result = {
             "build": build,
-            "eager": {op: c.provider for op, c in after.choices.items()},
-            "graph": {op: c.provider for op, c in after.graph_choices.items()},
+            "eager": {op: c.provider.name for op, c in after.choices.items()},
+            "graph": {op: c.provider.name for op, c in after.graph_choices.items()},
             "graph_reasons": {op: c.reason for op, c in after.graph_choices.items()},
             "trials": trials,
             "probe_ms_total": sum(t["ms"] for t in trials),

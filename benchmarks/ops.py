@@ -61,7 +61,7 @@ from typing import Callable, Optional
 import torch
 
 from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, accelerator, time_call, write
-from sglang_xpu_lora.providers import slice_layout, torch_ops
+from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
 #: Decode batches from which the chunked-SGMV kernels are also timed (intel_xpu_chunked).
@@ -145,11 +145,11 @@ class Case:
         if self.permutation is not None:
             expand_op = "chunked_sgmv_lora_expand_fwd"
             mid = ops.chunked_sgmv_lora_shrink_fwd(
-                input_x=x, weights=a, stack_num=n, num_segments=MAX_LORAS, permutation=self.permutation, **meta
+                input_x=x, weights=a, num_slices=n, num_segments=MAX_LORAS, permutation=self.permutation, **meta
             )
         else:
             expand_op = {3: "qkv_lora_b_fwd", 2: "gate_up_lora_b_fwd", 1: "sgemm_lora_b_fwd"}[n]
-            mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=n, **meta)
+            mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=n, **meta)
         if n > 1 and reads_spaced(expand_op):
             mid = slice_layout.spaced_slices(mid, self.spacing[n])
         expand = dict(input_x=mid, scalings=self.scalings, **meta)
@@ -173,7 +173,7 @@ class Case:
         segment per slot, tokens sorted by slot; prefill: one segment per request)."""
         from benchmarks.triton_peers import dense_batch_info
 
-        info = dense_batch_info(self) if selection.uses_triton else None
+        info = dense_batch_info(self) if triton_ops.PROVIDER in selection.providers else None
         table = selection.for_graph(use_graph)
         return lambda name: self.run_module(
             table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info
@@ -404,10 +404,11 @@ def intel_xpu_selection(args, device: torch.device):
         args.graph_verdicts = {op: {"capture_safe": v.capture_safe, "reason": v.reason} for op, v in verdicts.items()}
         selection = choose(device, verdicts)
     args.intel_xpu_providers = {
-        op: {"eager": selection.choices[op].provider, "graph": selection.graph_choices[op].provider} for op in selection.choices
+        op: {"eager": selection.choices[op].provider.name, "graph": selection.graph_choices[op].provider.name}
+        for op in selection.choices
     }
     print("intel_xpu providers (eager / graph):", {op: f"{p['eager']} / {p['graph']}" for op, p in args.intel_xpu_providers.items()}, flush=True)
-    if args.emulated_build and not any(c.provider == "native" for c in selection.choices.values()):
+    if args.emulated_build and not any(c.provider is native.PROVIDER for c in selection.choices.values()):
         print(f"warning: the emulated build {args.emulated_build} has no {device.type} kernels; intel_xpu is measured "
               "without native ops (inside graphs that is also what an Intel box runs)", flush=True)
     return selection

@@ -134,10 +134,10 @@ def op_rows(selection) -> list[dict[str, Any]]:
     return [
         {
             "op": op,
-            "provider": choice.provider,
+            "provider": choice.provider.name,
             "kernel": getattr(choice.kernel, "kernel_name", None),
             "capture_safe": choice.capture_safe,
-            "graph_provider": selection.graph_choices[op].provider,
+            "graph_provider": selection.graph_choices[op].provider.name,
             "reason": choice.reason,
             "graph_reason": selection.graph_choices[op].reason,
         }

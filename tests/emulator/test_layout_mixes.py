@@ -29,11 +29,11 @@ def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
     import contextlib
 
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
-    from sglang_xpu_lora.providers import native, selection
+    from sglang_xpu_lora.providers import native, selection, triton_ops
 
     if request.param == "as-on-xpu":
         monkeypatch.setattr(selection, "device_type", lambda device: "xpu")
-        monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+        monkeypatch.setattr(triton_ops, "triton_support", lambda device: (True, "Triton test backend"))
         monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
 
     with contextlib.ExitStack() as stack:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_xpu_lora import providers
-from sglang_xpu_lora.providers import capture_probe, native, torch_ops
+from sglang_xpu_lora.providers import capture_probe, native, torch_ops, triton_ops
 from sglang_xpu_lora.providers.base import OP_NAMES
 from sglang_xpu_lora.providers.selection import DECODE_OPS
 
@@ -27,9 +27,9 @@ UNTRIED = "native op not run inside graphs: capture safety is decided by a trial
 @pytest.fixture
 def as_on_xpu(monkeypatch):
     """An XPU where Triton runs and the emulated build's kernels are registered for it."""
-    from sglang_xpu_lora.providers import selection
+    from sglang_xpu_lora.providers import triton_ops
 
-    monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+    monkeypatch.setattr(triton_ops, "triton_support", lambda device: (True, "Triton test backend"))
     monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
 
 
@@ -40,7 +40,7 @@ def groups(**ops_by_provider) -> dict:
 def by_provider(chosen: dict) -> dict:
     grouped = {}
     for op, choice in chosen.items():
-        grouped.setdefault(choice.provider, set()).add(op)
+        grouped.setdefault(choice.provider.name, set()).add(op)
     return grouped
 
 
@@ -50,7 +50,7 @@ def test_auto_on_cpu_uses_native_for_the_ops_the_build_has_and_torch_for_the_oth
         selection = providers.select_ops("cpu")
         assert by_provider(selection.choices) == groups(native=EXPECTED_NATIVE[build], torch=ALL - EXPECTED_NATIVE[build])
         for op, choice in selection.choices.items():
-            if choice.provider == "torch":
+            if choice.provider.name == "torch":
                 assert getattr(selection.eager, op).__wrapped__ is getattr(torch_ops, op)
                 assert native.MINIMUM_BUILD[op] in choice.reason
         # Native ops run inside graphs only after a trial capture accepted them (tests/unit/test_capture_probe.py).
@@ -70,7 +70,7 @@ def test_auto_on_an_xpu_uses_native_then_triton_and_triton_in_graphs_until_the_t
     assert by_provider(selection.graph_choices) == {"triton": ALL}
     assert all(selection.graph_choices[op].reason.startswith(UNTRIED) for op in has)
     assert all(selection.choices[op].capture_safe is None for op in eager_native)
-    assert selection.needs_zeroed_slots and selection.uses_triton
+    assert selection.needs_zeroed_slots and triton_ops.PROVIDER in selection.providers
 
 
 def test_the_sync_free_build_has_the_full_builds_ops_and_numbers(emulate):
@@ -138,11 +138,11 @@ def test_each_native_op_matches_the_portable_op(emulate, build):
     emb = torch.randn(slots, rank, 11)
     calls = {
         "embedding_lora_a_fwd": dict(input_ids=ids, weights=emb, vocab_size=11, max_len=4, **meta),
-        "sgemm_lora_a_fwd": dict(input_x=x, weights=a, stack_num=3, **meta),
+        "sgemm_lora_a_fwd": dict(input_x=x, weights=a, num_slices=3, **meta),
         "sgemm_lora_b_fwd": dict(input_x=mid[:, :rank].contiguous(), weights=b, scalings=scalings, base_output=base, **meta),
         "qkv_lora_b_fwd": dict(input_x=mid, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=8, scalings=scalings, base_output=base, **meta),
         "gate_up_lora_b_fwd": dict(input_x=mid[:, : 2 * rank].contiguous(), gate_up_lora_b=b, output_dim=10, scalings=scalings, **meta),
-        "chunked_sgmv_lora_shrink_fwd": dict(input_x=x, weights=a, stack_num=3, num_segments=3, permutation=permutation, **meta),
+        "chunked_sgmv_lora_shrink_fwd": dict(input_x=x, weights=a, num_slices=3, num_segments=3, permutation=permutation, **meta),
         "chunked_sgmv_lora_expand_fwd": dict(
             input_x=mid, weights=b, slice_offsets=offsets, max_slice_size=8, num_slices=3, num_segments=3,
             scalings=scalings, permutation=permutation, base_output=base, **meta,
@@ -178,7 +178,7 @@ def test_emulator_catches_contract_violations(emulate, op, change, message):
     meta = _batch()
     base = {
         "embedding_lora_a_fwd": dict(input_ids=torch.arange(7), weights=torch.randn(3, 4, 11), vocab_size=11, max_len=4, **meta),
-        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), stack_num=1, **meta),
+        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), num_slices=1, **meta),
         "sgemm_lora_b_fwd": dict(input_x=torch.randn(7, 4), weights=torch.randn(3, 20, 4), scalings=torch.ones(3), **meta),
         "qkv_lora_b_fwd": dict(
             input_x=torch.randn(7, 12), qkv_lora_b=torch.randn(3, 20, 4), output_offset=torch.tensor([0, 8, 14, 20], dtype=torch.int32),
@@ -206,7 +206,7 @@ def provider_table(emulate, device: str) -> str:
     for build in builds:
         with emulate(build) if build != "none" else contextlib.nullcontext():
             selection = providers.choose(device)
-        columns[build] = {op: f"{selection.choices[op].provider} / {selection.graph_choices[op].provider}" for op in OP_NAMES}
+        columns[build] = {op: f"{selection.choices[op].provider.name} / {selection.graph_choices[op].provider.name}" for op in OP_NAMES}
         columns[build]["Pool slots zeroed before each load"] = "yes" if selection.needs_zeroed_slots else "no"
     lines = ["| op | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
     for row in (*OP_NAMES, "Pool slots zeroed before each load"):
@@ -220,9 +220,9 @@ def test_docs_provider_table_is_current(emulate, monkeypatch):
     tables = {"cpu": provider_table(emulate, "cpu")}
     with monkeypatch.context() as patched:  # as on an XPU: Triton runs, the build's kernels too
         patched.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
-        from sglang_xpu_lora.providers import selection
+        from sglang_xpu_lora.providers import triton_ops
 
-        patched.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+        patched.setattr(triton_ops, "triton_support", lambda device: (True, "Triton test backend"))
         tables["xpu"] = provider_table(emulate, "xpu")
     text = DOC.read_text()
     for device, table in tables.items():
@@ -242,7 +242,7 @@ def test_docs_provider_table_is_current(emulate, monkeypatch):
 def test_the_sync_free_build_checks_values_on_the_device(emulate, op, change, message):
     meta = _batch()
     base = {
-        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), stack_num=1, **meta),
+        "sgemm_lora_a_fwd": dict(input_x=torch.randn(7, 12), weights=torch.randn(3, 4, 12), num_slices=1, **meta),
         "qkv_lora_b_fwd": dict(
             input_x=torch.randn(7, 12), qkv_lora_b=torch.randn(3, 20, 4), output_offset=torch.tensor([0, 8, 14, 20], dtype=torch.int32),
             max_qkv_out_dim=8, scalings=torch.ones(3), **meta,

@@ -25,7 +25,7 @@ OUT_DIMS = (8, 4, 4)
 @pytest.fixture(params=["portable", "native", "native+triton-graphs", "triton"])
 def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
-    from sglang_xpu_lora.providers import native, selection
+    from sglang_xpu_lora.providers import native, selection, triton_ops
 
     def make():
         backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
@@ -40,7 +40,7 @@ def make_backend(request, emulate, monkeypatch, sglang_plugins_loaded):
     else:
         if request.param == "native+triton-graphs":  # as on an XPU: Triton runs, the build's kernels too
             monkeypatch.setattr(selection, "device_type", lambda device: "xpu")
-            monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+            monkeypatch.setattr(triton_ops, "triton_support", lambda device: (True, "Triton test backend"))
             monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
         with emulate("full", kernels="native"):
             yield make

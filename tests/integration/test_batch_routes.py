@@ -144,11 +144,12 @@ def test_chunked_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend,
     providers matter to it)."""
     import dataclasses
 
+    from sglang_xpu_lora.providers import torch_ops
     from sglang_xpu_lora.providers.selection import OpChoice
 
     backend = triton_backend(1)
     selection = backend.op_selection
-    portable = {op: OpChoice(op, "torch", "test", True) for op in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd")}
+    portable = {op: OpChoice(op, torch_ops.PROVIDER, "test", True) for op in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd")}
     backend.op_selection = dataclasses.replace(selection, choices={**selection.choices, **portable})
     assert backend.op_selection.reads_spaced_slices("qkv_lora_b_fwd", False)
     slots = [1] * 17 + [2, 0, 2]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_xpu_lora.patches.mem_pool import ZEROED_SLOTS_ATTR, has_zeroed_slots
+from sglang_xpu_lora.patches.mem_pool import RECORD_ATTR, SlotZeroing, has_zeroed_slots
 
 MAX_RANK = 16  # doc-r16 fills its slot: a smaller adapter loaded over it leaves stale rows to its end
 TARGETS = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
@@ -60,7 +60,7 @@ def pool_env(sglang_plugins_loaded, tiny_artifacts):
                 base_hf_config=config, max_loras_per_batch=2, dtype=torch.float32, max_lora_rank=MAX_RANK,
                 target_modules=TARGETS, base_model=base, eviction_policy="lru", lora_added_tokens_size=0,
             )
-            setattr(pool, ZEROED_SLOTS_ATTR, zeroed)
+            SlotZeroing.of(pool).requested = zeroed
             return pool
 
         def adapter(name):
@@ -142,7 +142,9 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
     sglang_plugins_loaded, tiny_artifacts, monkeypatch, kernels, intel_xpu_zeroed
 ):
     """intel_xpu needs zeroed slots when a native or portable op serves (auto on CPU: portable),
-    not when every op is Triton; it is handed its pool, to check it."""
+    not when every op is Triton; it is handed its pool, to check it, through its spec only (a
+    backend of SGLang's with an attribute of the same name gets nothing); the patch leaves one
+    record on each pool."""
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
     from sglang.srt.lora.backend.lora_registry import get_backend_from_name
     from sglang.srt.lora.lora_manager import LoRAManager
@@ -151,7 +153,7 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
 
     config = AutoConfig.from_pretrained(tiny_artifacts["base"])
     tp1 = dict(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0)
-    marks = {}
+    marks, handed, added = {}, {}, {}
     with get_parallel().override(**tp1):
         for backend_name in ("intel_xpu", "torch_native"):
             manager = types.SimpleNamespace(
@@ -161,12 +163,15 @@ def test_init_memory_pool_marks_only_managers_whose_backend_needs_it(
                 enable_lora_overlap_loading=False, fetch_new_loras=lambda uids: None,
                 lora_backend=get_backend_from_name(backend_name)(max_loras_per_batch=2, device=torch.device("cpu")),
             )
+            if backend_name == "torch_native":
+                manager.lora_backend.lora_memory_pool = None  # the attribute intel_xpu keeps its pool in
             LoRAManager.init_memory_pool(manager)
-            marks[backend_name] = getattr(manager.memory_pool, ZEROED_SLOTS_ATTR)
-            if backend_name == "intel_xpu":
-                handed = manager.lora_backend.lora_memory_pool is manager.memory_pool
+            added[backend_name] = {name for name in vars(manager.memory_pool) if "lora_slots" in name or "xpu_lora" in name}
+            marks[backend_name] = SlotZeroing.of(manager.memory_pool).requested
+            handed[backend_name] = manager.lora_backend.lora_memory_pool is manager.memory_pool
     assert marks == {"intel_xpu": intel_xpu_zeroed, "torch_native": False}
-    assert handed
+    assert handed == {"intel_xpu": True, "torch_native": False}
+    assert added == {"intel_xpu": {RECORD_ATTR}, "torch_native": {RECORD_ATTR}}  # the patch's one record
 
 
 #: Provider mixes on CPU: (SGLANG_XPU_LORA_KERNELS, emulated build or None, portable routing, the
@@ -256,7 +261,7 @@ def test_a_resident_nan_adapter_and_its_unload_leave_other_requests_bit_identica
         for layer in range(pool_env.layers):
             a, b = pool.A_buffer["qkv_proj"][layer], pool.B_buffer["qkv_proj"][layer]
             q, kv = pool.B_buffer["o_proj"][layer].shape[1], (b.shape[1] - pool.B_buffer["o_proj"][layer].shape[1]) // 2
-            mid = slice_layout.spaced_slices(torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, stack_num=3, **meta), index)
+            mid = slice_layout.spaced_slices(torch_ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=3, **meta), index)
             result += [mid, torch_ops.qkv_lora_b_fwd(
                 input_x=mid, qkv_lora_b=b, output_offset=torch.tensor([0, q, q + kv, q + 2 * kv], dtype=torch.int32),
                 max_qkv_out_dim=q, scalings=torch.tensor([2.0, 1.0]), base_output=torch.ones(5, b.shape[1]), **meta,
@@ -342,21 +347,25 @@ def test_backend_refuses_a_pool_without_zeroed_slots(manager_with_pool, monkeypa
 
 
 def test_backend_whose_ops_need_no_zeroing_serves_on_sglangs_own_pool(manager_with_pool, monkeypatch):
-    """``needs_zeroed_slots`` is read from the backend (its op selection decides)."""
+    """Whether slots must be zeroed is the backend's op selection's answer: Triton everywhere
+    (real ranks only) serves on SGLang's own pool; the portable ops refuse that same pool."""
     from lora_helpers import forward_batch
     from sglang.srt.lora.lora_manager import LoRAManager
 
     from sglang.srt.lora.backend.lora_registry import get_backend_from_name
 
-    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     unhook(monkeypatch, LoRAManager, "init_memory_pool")
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")  # in Triton's interpreter (tests/conftest.py)
     backend = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
-    backend.needs_zeroed_slots = False
+    assert not backend.needs_zeroed_slots
     manager = manager_with_pool(backend)
     assert not has_zeroed_slots(manager.memory_pool)
     backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)  # no RuntimeError
-    # the same pool refused by a backend whose ops need zeroed slots: what the flag changed
-    backend.needs_zeroed_slots = True
-    backend.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
-    with pytest.raises(RuntimeError, match="refuses to serve"):
-        backend.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)
+    # the same pool refused by a backend whose ops need zeroed slots: what the selection changed
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    portable = get_backend_from_name("intel_xpu")(max_loras_per_batch=2, device=torch.device("cpu"))
+    assert portable.needs_zeroed_slots
+    portable.use_memory_pool(manager.memory_pool)
+    portable.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
+    with pytest.raises(RuntimeError, match="refuses to serve: .*the pool's loads are not zeroing its slots"):
+        portable.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)

@@ -16,7 +16,7 @@ import torch
 
 from fake_graphs import HOST_READS, NOT_PERMITTED, FakeGraphs
 from sglang_xpu_lora import providers
-from sglang_xpu_lora.providers import capture_probe, native, selection
+from sglang_xpu_lora.providers import capture_probe, native, selection, triton_ops
 from sglang_xpu_lora.providers.base import OP_NAMES
 from sglang_xpu_lora.providers.capture_probe import CaptureProbe, ProbeCase, Verdict
 
@@ -26,7 +26,7 @@ CASE = ProbeCase(torch.device("cpu"), tokens=6, slots=3, max_rank=4, dtype=torch
 @pytest.fixture
 def as_on_xpu(monkeypatch):
     """An XPU where Triton runs and the emulated build's kernels are registered for it."""
-    monkeypatch.setattr(selection, "triton_support", lambda device: (True, "Triton test backend"))
+    monkeypatch.setattr(triton_ops, "triton_support", lambda device: (True, "Triton test backend"))
     monkeypatch.setattr(native, "has_kernel_for_device", lambda kernel, device_type: True)
 
 
@@ -41,12 +41,12 @@ def test_host_syncing_build_falls_back_to_triton_and_sync_free_build_runs_native
     graphs = FakeGraphs()
     before, verdicts, after = probe_build(emulate, "full", graphs, "xpu")
     assert not before.graph_decided and set(before.graph_candidates) == set(OP_NAMES)
-    assert {c.provider for c in before.graph_choices.values()} == {"triton"}  # untried: not in graphs yet
+    assert {c.provider.name for c in before.graph_choices.values()} == {"triton"}  # untried: not in graphs yet
     assert after.graph_decided
     # Eager: native, except decode's permuted ops, which prefer Triton to host-syncing native ops.
     decode = set(selection.DECODE_OPS)
-    assert {op: c.provider for op, c in after.choices.items()} == {op: "triton" if op in decode else "native" for op in OP_NAMES}
-    assert {op: c.provider for op, c in after.graph_choices.items()} == dict.fromkeys(OP_NAMES, "triton")
+    assert {op: c.provider.name for op, c in after.choices.items()} == {op: "triton" if op in decode else "native" for op in OP_NAMES}
+    assert {op: c.provider.name for op, c in after.graph_choices.items()} == dict.fromkeys(OP_NAMES, "triton")
     for op in OP_NAMES:
         assert not verdicts[op].capture_safe and (op in decode or not after.choices[op].capture_safe)
         assert f"capture failed in a trial fake graph ({CASE.describe()}) (RuntimeError: {NOT_PERMITTED}" in verdicts[op].reason
@@ -55,15 +55,15 @@ def test_host_syncing_build_falls_back_to_triton_and_sync_free_build_runs_native
     _, verdicts, after = probe_build(emulate, "full-syncfree", FakeGraphs(), "xpu")
     assert all(v.capture_safe and v.reason == f"captured in a trial fake graph ({CASE.describe()}) and replayed equal to eager"
                for v in verdicts.values())
-    assert {op: c.provider for op, c in after.graph_choices.items()} == dict.fromkeys(OP_NAMES, "native")
-    assert {op: c.provider for op, c in after.choices.items()} == dict.fromkeys(OP_NAMES, "native")  # sync-free: native eagerly too
+    assert {op: c.provider.name for op, c in after.graph_choices.items()} == dict.fromkeys(OP_NAMES, "native")
+    assert {op: c.provider.name for op, c in after.choices.items()} == dict.fromkeys(OP_NAMES, "native")  # sync-free: native eagerly too
     assert after.graph is after.eager or all(getattr(after.graph, op).__qualname__ == f"native.{op}" for op in OP_NAMES)
-    assert not after.uses_triton
+    assert triton_ops.PROVIDER not in after.providers
 
 
 def test_on_cpu_a_rejected_op_falls_back_to_the_portable_op(emulate):
     _, verdicts, after = probe_build(emulate, "full", FakeGraphs())
-    assert {c.provider for c in after.graph_choices.values()} == {"torch"}
+    assert {c.provider.name for c in after.graph_choices.values()} == {"torch"}
     assert "no Triton: " in after.graph_choices["qkv_lora_b_fwd"].reason
 
 
@@ -74,7 +74,7 @@ def test_a_rejected_shrink_takes_its_expands_to_triton_with_it(emulate, as_on_xp
         accepted = {op: Verdict(op, True, "accepted") for op in OP_NAMES}
         rejected = {**accepted, "sgemm_lora_a_fwd": Verdict("sgemm_lora_a_fwd", False, "rejected")}
         chosen = providers.choose("xpu", rejected).graph_choices
-    assert {op for op, c in chosen.items() if c.provider == "triton"} == {
+    assert {op for op, c in chosen.items() if c.provider.name == "triton"} == {
         "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd",
     }
     assert "reads the Triton sgemm_lora_a_fwd output" in chosen["qkv_lora_b_fwd"].reason
@@ -169,7 +169,7 @@ def test_the_override_decides_without_a_trial(emulate, monkeypatch, value, provi
     with emulate("full"):
         chosen = providers.choose("cpu")
     assert chosen.graph_decided
-    assert {c.provider for c in chosen.graph_choices.values()} == {provider}
+    assert {c.provider.name for c in chosen.graph_choices.values()} == {provider}
     assert chosen.graph_choices["qkv_lora_b_fwd"].reason.startswith(reason)
     monkeypatch.setenv("SGLANG_XPU_LORA_GRAPH_NATIVE", "sometimes")
     with pytest.raises(ValueError, match="'sometimes' is not one of probe, never, always"):

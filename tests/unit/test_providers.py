@@ -8,30 +8,30 @@ import logging
 import pytest
 
 from sglang_xpu_lora import providers
-from sglang_xpu_lora.providers import base, selection, torch_ops, triton_ops
+from sglang_xpu_lora.providers import base, native, selection, torch_ops, triton_ops
+from sglang_xpu_lora.providers.base import Offer
 from sglang_xpu_lora.providers.selection import OpChoice
 
 
 @pytest.fixture(autouse=True)
-def fresh_reports(monkeypatch):
-    monkeypatch.setattr(selection, "_reported", set())
+def no_triton_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
 @pytest.fixture
 def triton_on_gpus(monkeypatch):
     """Pretend Triton has an active backend for cuda and xpu (CPU stays as it is)."""
-    real = selection.triton_support
+    real = triton_ops.triton_support
 
     def support(device):
-        kind = selection.device_type(device)
+        kind = base.device_type(device)
         return (True, f"Triton test backend for {kind}") if kind in ("cuda", "xpu") else real(device)
 
-    monkeypatch.setattr(selection, "triton_support", support)
+    monkeypatch.setattr(triton_ops, "triton_support", support)
 
 
 def providers_of(chosen) -> set:
-    return {c.provider for c in chosen.values()}
+    return {c.provider.name for c in chosen.values()}
 
 
 def test_torch_selects_portable_provider_for_every_op_silently(monkeypatch, caplog):
@@ -41,20 +41,25 @@ def test_torch_selects_portable_provider_for_every_op_silently(monkeypatch, capl
     assert chosen.eager is chosen.graph
     assert all(getattr(chosen.eager, op).__wrapped__ is getattr(torch_ops, op) for op in base.OP_NAMES)
     assert providers_of(chosen.choices) == providers_of(chosen.graph_choices) == {"torch"}
-    assert chosen.needs_zeroed_slots and not chosen.uses_triton
+    assert chosen.needs_zeroed_slots and chosen.providers == {torch_ops.PROVIDER}
     assert providers.portable_kernels_selected() and providers.runs_on_device("cpu")
     assert caplog.records == []
 
 
-def test_auto_without_a_kernel_build_on_cpu_is_portable_and_logs_each_op_once(monkeypatch, caplog):
+def test_auto_without_a_kernel_build_on_cpu_is_portable_and_logs_each_op_once_per_log(monkeypatch, caplog):
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
+    log = providers.SelectionLog()
     with caplog.at_level(logging.WARNING):
-        first = providers.select_ops("cpu")
-        providers.select_ops("cpu")
+        first = providers.select_ops("cpu", log=log)
+        providers.select_ops("cpu", log=log)
     assert providers_of(first.choices) == providers_of(first.graph_choices) == {"torch"}
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == len(base.OP_NAMES)  # once per op, not once per selection
     assert all("uses the torch provider" in m and "Triton has no CPU backend" in m for m in messages)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        providers.select_ops("cpu", log=providers.SelectionLog())  # another backend's log: nothing kept in the module
+    assert len(caplog.records) == len(base.OP_NAMES)
     assert not providers.portable_kernels_selected()  # auto is not an explicit choice
     assert not providers.runs_on_device("cpu")  # the dev stub sgl_kernel has no ops
 
@@ -116,14 +121,17 @@ def test_invalid_value_is_rejected_with_the_choices(monkeypatch):
 
 def test_expands_reading_a_triton_shrink_are_served_by_triton():
     """A Triton shrink leaves rank-0 rows unwritten: a native or portable expand must not read them."""
-    chosen = {op: OpChoice(op, "native", "found", False) for op in base.OP_NAMES}
-    chosen["sgemm_lora_a_fwd"] = OpChoice("sgemm_lora_a_fwd", "triton", "no native op", True)
-    selection._pair_triton_shrinks(chosen)
-    assert {op for op, c in chosen.items() if c.provider == "triton"} == {
+    triton = triton_ops.PROVIDER
+    offers = {triton: {op: Offer(getattr(triton_ops, op), "Triton test backend") for op in base.OP_NAMES}}
+    chosen = {op: OpChoice(op, native.PROVIDER, "found", False) for op in base.OP_NAMES}
+    chosen["sgemm_lora_a_fwd"] = OpChoice("sgemm_lora_a_fwd", triton, "no native op", True)
+    selection._pair_shrinks(chosen, offers)
+    assert {op for op, c in chosen.items() if c.provider is triton} == {
         "sgemm_lora_a_fwd", "sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd",
     }
     assert "reads the Triton sgemm_lora_a_fwd output" in chosen["qkv_lora_b_fwd"].reason
-    chosen = {op: OpChoice(op, "native", "found", False) for op in base.OP_NAMES}
-    chosen["chunked_sgmv_lora_shrink_fwd"] = OpChoice("chunked_sgmv_lora_shrink_fwd", "triton", "no native op", True)
-    selection._pair_triton_shrinks(chosen)
-    assert {op for op, c in chosen.items() if c.provider == "triton"} == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}
+    assert chosen["qkv_lora_b_fwd"].function is triton_ops.qkv_lora_b_fwd
+    chosen = {op: OpChoice(op, native.PROVIDER, "found", False) for op in base.OP_NAMES}
+    chosen["chunked_sgmv_lora_shrink_fwd"] = OpChoice("chunked_sgmv_lora_shrink_fwd", triton, "no native op", True)
+    selection._pair_shrinks(chosen, offers)
+    assert {op for op, c in chosen.items() if c.provider is triton} == {"chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd"}

@@ -82,7 +82,14 @@ def test_broken_entry_point_is_reported_and_skipped(monkeypatch, capsys):
 
 def test_intel_xpu_spec_requirements(monkeypatch):
     spec = registration.INTEL_XPU
-    assert (spec.name, spec.device, spec.needs_zeroed_lora_slots) == ("intel_xpu", "xpu", True)
+    assert (spec.name, spec.device) == ("intel_xpu", "xpu")
+    # the instance answers from its op selection; the spec only asks it (and hands it the pool)
+    backend = types.SimpleNamespace(needs_zeroed_slots=False, use_memory_pool=lambda pool: setattr(backend, "pool", pool))
+    assert not spec.zeroed_slots_needed(backend)
+    backend.needs_zeroed_slots = True
+    assert spec.zeroed_slots_needed(backend)
+    spec.receives_memory_pool(backend, "the pool")
+    assert backend.pool == "the pool"
     monkeypatch.delenv("SGLANG_XPU_LORA_KERNELS", raising=False)
     assert spec.device_error("xpu") is None
     assert spec.device_error("cpu") == (

@@ -95,7 +95,7 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
         "embedding": ops.embedding_lora_a_fwd(
             input_ids=ids, weights=w["embedding"], vocab_size=VOCAB, extra_embeddings=w["extra"], max_len=ROWS, **meta
         ),
-        "shrink": ops.sgemm_lora_a_fwd(input_x=x, weights=w["a"], stack_num=3, **meta),
+        "shrink": ops.sgemm_lora_a_fwd(input_x=x, weights=w["a"], num_slices=3, **meta),
         "expand": ops.sgemm_lora_b_fwd(
             input_x=mid[:, :RANK].contiguous(), weights=w["b"], scalings=scalings, base_output=base.clone(), **meta
         ),
@@ -107,7 +107,7 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
             input_x=mid[:, : 2 * RANK].contiguous(), gate_up_lora_b=w["gate_up_b"], output_dim=8, scalings=scalings, **meta
         ),
         "chunked_shrink": ops.chunked_sgmv_lora_shrink_fwd(
-            input_x=x, weights=w["a"], stack_num=3, num_segments=3, permutation=permutation, **meta
+            input_x=x, weights=w["a"], num_slices=3, num_segments=3, permutation=permutation, **meta
         ),
         "chunked_expand": ops.chunked_sgmv_lora_expand_fwd(
             input_x=mid, weights=w["b"], slice_offsets=offsets, max_slice_size=8, num_slices=3, num_segments=3,
@@ -119,7 +119,7 @@ def run_all(ops, w, meta, permutation, dtype) -> dict:
 class TritonOps:
     """The ``triton`` provider as the backend calls it: each op also gets SGLang's batch info for
     its segments, with the slots' real ranks. A shrink leaves each row's columns from
-    ``stack_num * rank`` on unwritten (uninitialised memory, read by no Triton expand:
+    ``num_slices * rank`` on unwritten (uninitialised memory, read by no Triton expand:
     :mod:`sglang_xpu_lora.providers.triton_ops`); they are zeroed here, so the comparison covers
     what the kernel writes."""
 
@@ -135,10 +135,10 @@ class TritonOps:
                 kwargs.get("scalings", torch.ones(SLOTS)), kwargs.get("permutation"),
             )
             out = getattr(triton_ops, op)(**kwargs, batch_info=info)
-            if "stack_num" not in kwargs:
+            if op not in ("sgemm_lora_a_fwd", "chunked_sgmv_lora_shrink_fwd"):
                 return out
             slots = row_slots(kwargs["seg_indptr"], kwargs["weight_indices"], out.shape[0], kwargs.get("permutation"))
-            written = kwargs["stack_num"] * kwargs["lora_ranks"].long()[slots.clamp(min=0)]
+            written = kwargs["num_slices"] * kwargs["lora_ranks"].long()[slots.clamp(min=0)]
             return out.masked_fill(torch.arange(out.shape[1]) >= written.unsqueeze(1), 0)
 
         return call

@@ -143,7 +143,7 @@ def problem(seed, dtype, num_slices, permuted):
 def test_sgemm_lora_a(seed, num_slices, dtype):
     p = problem(seed, dtype, num_slices, permuted=False)
     out = torch_ops.sgemm_lora_a_fwd(
-        input_x=p["x"], weights=p["a"], stack_num=num_slices, seg_indptr=p["seg_indptr"],
+        input_x=p["x"], weights=p["a"], num_slices=num_slices, seg_indptr=p["seg_indptr"],
         weight_indices=p["weight_indices"], lora_ranks=p["ranks"],
     )
     assert out.shape == (p["x"].shape[0], p["a"].shape[1])
@@ -203,7 +203,7 @@ def test_gate_up_lora_b(seed, dtype):
 def test_chunked_sgmv_shrink(seed, permuted, num_slices, dtype):
     p = problem(seed, dtype, num_slices, permuted)
     out = torch_ops.chunked_sgmv_lora_shrink_fwd(
-        input_x=p["x"], weights=p["a"], stack_num=num_slices, num_segments=p["weight_indices"].numel(),
+        input_x=p["x"], weights=p["a"], num_slices=num_slices, num_segments=p["weight_indices"].numel(),
         seg_indptr=p["seg_indptr"], weight_indices=p["weight_indices"], lora_ranks=p["ranks"],
         permutation=p["permutation"],
     )

@@ -122,7 +122,7 @@ def expand(op, p, mid, bands):
 @pytest.mark.parametrize("op, bands", CONTIGUOUS_PATHS, ids=lambda v: str(len(v)) if isinstance(v, tuple) else v)
 def test_contiguous_batch(op, bands, tails, dtype):
     p = setup(2 * CONTIGUOUS_PATHS.index((op, bands)) + TAILS.index(tails), dtype, bands, tails, permuted=False)
-    mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], stack_num=len(bands), batch_info=p["info"], **p["meta"])
+    mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], num_slices=len(bands), batch_info=p["info"], **p["meta"])
     assert_close(expand(op, p, mid, bands), p["expected"], dtype)
 
 
@@ -132,7 +132,7 @@ def test_contiguous_batch(op, bands, tails, dtype):
 def test_permuted_batch(bands, tails, dtype):
     p = setup(len(bands) + 10 * TAILS.index(tails), dtype, bands, tails, permuted=True)
     mid = triton_ops.chunked_sgmv_lora_shrink_fwd(
-        input_x=p["x"], weights=p["a"], stack_num=len(bands), num_segments=len(p["meta"]["weight_indices"]),
+        input_x=p["x"], weights=p["a"], num_slices=len(bands), num_segments=len(p["meta"]["weight_indices"]),
         permutation=p["permutation"], batch_info=p["info"], **p["meta"],
     )
     assert_close(expand("chunked_sgmv_lora_expand_fwd", p, mid, bands), p["expected"], dtype)
@@ -144,7 +144,7 @@ def test_padded_ranks_on_the_packed_pool_are_wrong():
     p = setup(3, torch.float32, (16, 8, 8), "zeroed", permuted=False)
     real = p["meta"]["lora_ranks"]
     p["info"].lora_ranks = torch.where(real > 0, MAX_RANK, 0).to(torch.int32)
-    mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], stack_num=3, batch_info=p["info"], **p["meta"])
+    mid = triton_ops.sgemm_lora_a_fwd(input_x=p["x"], weights=p["a"], num_slices=3, batch_info=p["info"], **p["meta"])
     error = (expand("qkv_lora_b_fwd", p, mid, (16, 8, 8)).double() - p["expected"]).abs().max()
     assert error > 0.1
 

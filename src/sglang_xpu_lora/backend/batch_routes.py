@@ -149,8 +149,8 @@ class BatchRoute:
     :mod:`sglang_xpu_lora.providers.batch_binding`); the backend's ``run_*`` methods call its four
     module callables, which take only per-call tensors and host integers:
 
-    * ``shrink(x, weights, stack_num)``: x ``(s, K)``, weights ``(L, stack_num * R, K)`` ->
-      ``(s, stack_num * R)``, packed (slice ``p`` at columns ``p * rank``);
+    * ``shrink(x, weights, num_slices)``: x ``(s, K)``, weights ``(L, num_slices * R, K)`` ->
+      ``(s, num_slices * R)``, packed (slice ``p`` at columns ``p * rank``);
     * ``expand(x, weights, base_output)``: one slice; x ``(s, R)``, weights ``(L, N, R)`` ->
       ``(s, N)``;
     * ``expand_slices(x, weights, slice_offsets, max_slice_size, num_slices, base_output)``:
@@ -241,11 +241,11 @@ class BatchRoute:
 
     # --- permuted batches on SGLang's chunked-SGMV kernels (ChunkedDecodeRule) -------------------
 
-    def _shrink_chunked(self, x, weights, stack_num):
+    def _shrink_chunked(self, x, weights, num_slices):
         rows = x.shape[0]
         if self._chunked.rule.applies(rows):
-            return triton_ops.csgmv_shrink_fwd(x, weights, stack_num, batch_info=self._chunked.batch_info(rows))
-        return self._ops.chunked_sgmv_lora_shrink_fwd(x, weights, stack_num)
+            return triton_ops.csgmv_shrink_fwd(x, weights, num_slices, batch_info=self._chunked.batch_info(rows))
+        return self._ops.chunked_sgmv_lora_shrink_fwd(x, weights, num_slices)
 
     def _expand_slices_chunked(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
         rows = x.shape[0]  # the shrink's rows: both take the same branch

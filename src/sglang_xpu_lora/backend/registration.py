@@ -33,6 +33,16 @@ def _select_ops(device: Optional[str]) -> object:
     return select_ops(device)
 
 
+def _needs_zeroed_slots(backend) -> bool:
+    """The instance's own answer: :attr:`~sglang_xpu_lora.backend.xpu.IntelXpuLoRABackend.needs_zeroed_slots`."""
+    return backend.needs_zeroed_slots
+
+
+def _receive_memory_pool(backend, pool) -> None:
+    """:meth:`~sglang_xpu_lora.backend.xpu.IntelXpuLoRABackend.use_memory_pool`."""
+    backend.use_memory_pool(pool)
+
+
 INTEL_XPU = LoRABackendSpec(
     name="intel_xpu",
     factory=_intel_xpu_backend_class,
@@ -40,7 +50,8 @@ INTEL_XPU = LoRABackendSpec(
     runs_on_other_devices=_runs_on_device,
     other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
     preflight=_select_ops,
-    needs_zeroed_lora_slots=True,
+    needs_zeroed_lora_slots=_needs_zeroed_slots,
+    receives_memory_pool=_receive_memory_pool,
 )
 
 

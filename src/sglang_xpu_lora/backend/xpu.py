@@ -57,9 +57,9 @@ from sglang_xpu_lora.backend.batch_routes import (
     chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops
+from sglang_xpu_lora.providers import SelectionLog, capture_probe, native, select_ops, torch_ops, triton_ops
 from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
-from sglang_xpu_lora.providers.selection import triton_support
+from sglang_xpu_lora.providers.triton_ops import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
 
 
@@ -95,25 +95,38 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
         super().__init__(max_loras_per_batch, device, **kwargs)
+        #: What this backend logged of its selections (each line once per backend).
+        self.selection_log = SelectionLog()
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
-        self.op_selection = select_ops(device)
+        self.op_selection = select_ops(device, log=self.selection_log)
         #: Trial captures of native ops at graph set-up, with their per-process state (side stream,
         #: verdicts): :mod:`sglang_xpu_lora.providers.capture_probe`.
         self.capture_probe = capture_probe.CaptureProbe()
         self._graph_verdicts: dict = {}
-        #: Whether pool slots must be zeroed before each load (read by the plugin's pool patch).
-        self.needs_zeroed_slots = self.op_selection.needs_zeroed_slots
         self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
         self._last_info: Optional[LoRABatchInfo] = None  # the batch info of the last route used (:meth:`_route`)
         self._last_route: Optional[BatchRoute] = None
         self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
         self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
-        #: plugin's pool hook (:mod:`sglang_xpu_lora.patches.mem_pool`); None until then.
+        #: plugin's pool hook (:meth:`use_memory_pool`); None until then.
         self.lora_memory_pool = None
         self._pool_check_pending = False
 
     # --- the pool layout this backend's ops need -----------------------------------------------
+
+    @property
+    def needs_zeroed_slots(self) -> bool:
+        """Whether pool slots must be zeroed before each load: an op of the selection contracts
+        over the full ``max_lora_rank`` (:attr:`~sglang_xpu_lora.providers.OpSelection.needs_zeroed_slots`);
+        what the plugin's pool patch asks through the spec (``INTEL_XPU.needs_zeroed_lora_slots``)."""
+        return self.op_selection.needs_zeroed_slots
+
+    def use_memory_pool(self, pool) -> None:
+        """Take the ``LoRAMemoryPool`` of the manager that built this backend (called by the
+        plugin's pool hook through the spec's ``receives_memory_pool``): checked before the first
+        batch (:meth:`_check_memory_pool`), and the rank and dtype of the trial captures."""
+        self.lora_memory_pool = pool
 
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set) -> None:
         """Name the LoRA math SGLang runs itself for these targets, and arm the pool check.
@@ -209,7 +222,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         case = capture_probe.ProbeCase.for_graph_setup(self.device, tokens, self.max_loras_per_batch, self.lora_memory_pool)
         verdicts = self.capture_probe.try_ops(selection.graph_candidates, case, native.bind)
         self._graph_verdicts = capture_probe.merge(self._graph_verdicts, verdicts)
-        self.op_selection = select_ops(self.device, self._graph_verdicts)
+        self.op_selection = select_ops(self.device, self._graph_verdicts, log=self.selection_log)
 
     # --- batch preparation ---------------------------------------------------------------------
 
@@ -299,8 +312,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
         """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
         applies to that many rows and the permuted ops of the table are Triton's."""
-        choices = self.op_selection.graph_choices if use_graph else self.op_selection.choices
-        return self.chunked_decode_rule.applies(max_rows) and all(choices[op].provider == "triton" for op in CHUNKED_OPS)
+        choices = self.op_selection.choices_for(use_graph)
+        chunked_kernels_serve = all(choices[op].provider is triton_ops.PROVIDER for op in CHUNKED_OPS)
+        return self.chunked_decode_rule.applies(max_rows) and chunked_kernels_serve
 
     def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
         """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the

@@ -1,4 +1,6 @@
-"""The op interface shared by every provider: the seven sgl-kernel-xpu LoRA ops.
+"""What every provider is: the seven sgl-kernel-xpu LoRA ops (:class:`LoRAOpsProvider`, the one
+written source of their signatures) and what a provider says about itself to the selection
+(:class:`Provider`, :class:`Offer`).
 
 Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/sgl_kernel/lora.py``
 (see ``shared/research/sgl-kernel-xpu-ops-and-plugin-conventions.md`` section 1). Common contract:
@@ -8,7 +10,7 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   segment and receive no LoRA contribution.
 * ``weight_indices``: ``(num_segments,)`` int32, the pool slot of each segment.
 * ``lora_ranks``: ``(max_loras,)``, the real rank ``r`` of each slot. The caller must keep rank
-  tails zero (A rows from ``stack_num * r`` on, B columns from ``r`` on; the plugin's pool patch
+  tails zero (A rows from ``num_slices * r`` on, B columns from ``r`` on; the plugin's pool patch
   zeroes each slot before a load): the native GEMM ops (and the portable ones routed on the
   device) contract over the full ``max_rank`` without reading it, the portable ops routed on the
   host contract over each slot's rank, SGLang's Triton kernels read only ``[0, r)``; only the
@@ -17,9 +19,9 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
 * ``permutation`` (chunked ops): ``(num_tokens,)`` int32 logical-to-physical row map; segments then
   describe logical order. ``None`` means segments are in physical row order.
 * Stacked A weights are SGLang's packed layout: a rank-``r`` slot holds slice ``p`` at rows
-  ``[p * r, (p + 1) * r)``. Every shrink computes ``x @ A^T`` over all ``stack_num * max_rank``
+  ``[p * r, (p + 1) * r)``. Every shrink computes ``x @ A^T`` over all ``num_slices * max_rank``
   rows, so its output is packed the same way (slice ``p`` at columns ``[p * r, (p + 1) * r)``,
-  zero from ``stack_num * r`` on). One-slice B ops read that as it is. The multi-slice B ops
+  zero from ``num_slices * r`` on). One-slice B ops read that as it is. The multi-slice B ops
   (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``, ``chunked_sgmv_lora_expand_fwd`` with
   ``num_slices > 1``) differ by provider: SGLang's Triton kernels read the packed output, the
   native and portable ones read slice ``p`` at columns ``[p * max_rank, (p + 1) * max_rank)``, as
@@ -30,11 +32,19 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   Callers use the returned tensor and do not reuse ``base_output``.
 * Called through an :class:`~.selection.OpSelection` table, every op also takes the keyword
   ``batch_info`` (SGLang's ``LoRABatchInfo`` of the batch), which only the Triton provider reads.
+
+The portable and Triton providers write the seven ops out as functions with these signatures (the
+Triton ones with a keyword-only ``batch_info`` added); the native provider binds each kernel to
+them by name (:func:`parameters`). ``tests/unit/test_provider_interface.py`` compares every
+provider's ops with :class:`LoRAOpsProvider` (:func:`signature_mismatch`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+import dataclasses
+import functools
+import inspect
+from typing import Callable, Mapping, Optional, Protocol, Union
 
 import torch
 
@@ -51,9 +61,8 @@ OP_NAMES = (
 
 
 class LoRAOpsProvider(Protocol):
-    """A module or object that exports the seven LoRA ops with these exact signatures."""
-
-    name: str
+    """The seven LoRA ops with these exact signatures: what a provider module exports, and the
+    type of the selection's op tables (which also pass ``batch_info``)."""
 
     def embedding_lora_a_fwd(
         self,
@@ -72,7 +81,7 @@ class LoRAOpsProvider(Protocol):
         self,
         input_x: torch.Tensor,
         weights: torch.Tensor,
-        stack_num: int,
+        num_slices: int,
         seg_indptr: torch.Tensor,
         weight_indices: torch.Tensor,
         lora_ranks: torch.Tensor,
@@ -122,7 +131,7 @@ class LoRAOpsProvider(Protocol):
         self,
         input_x: torch.Tensor,
         weights: torch.Tensor,
-        stack_num: int,
+        num_slices: int,
         num_segments: int,
         seg_indptr: torch.Tensor,
         weight_indices: torch.Tensor,
@@ -145,3 +154,137 @@ class LoRAOpsProvider(Protocol):
         permutation: Optional[torch.Tensor] = None,
         base_output: Optional[torch.Tensor] = None,
     ) -> torch.Tensor: ...
+
+
+def signature(op: str) -> inspect.Signature:
+    """The interface signature of ``op`` (a name of :data:`OP_NAMES`), without ``self``.
+
+    Raises:
+        KeyError: for a name that is not one of the seven ops.
+    """
+    if op not in OP_NAMES:
+        raise KeyError(f"{op!r} is not an op of the interface ({', '.join(OP_NAMES)})")
+    method = inspect.signature(getattr(LoRAOpsProvider, op))
+    return method.replace(parameters=list(method.parameters.values())[1:])
+
+
+def parameters(op: str) -> tuple[str, ...]:
+    """The interface's parameter names of ``op``, in order (what native detection binds a kernel's
+    schema arguments to)."""
+    return tuple(signature(op).parameters)
+
+
+def signature_mismatch(op: str, function: Callable, keyword_only: tuple[str, ...] = ()) -> Optional[str]:
+    """How ``function``'s signature differs from the interface's ``op`` (names, order, kinds,
+    defaults and annotations as written), or None when it matches. ``keyword_only`` names the
+    keyword-only parameters a provider adds after the interface's (the Triton ops' ``batch_info``)."""
+    expected = list(signature(op).parameters.values())
+    expected += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in keyword_only]
+    actual = list(inspect.signature(function).parameters.values())
+    for position, (want, got) in enumerate(zip(expected, actual)):
+        if (want.name, want.kind, want.default) != (got.name, got.kind, got.default) or (
+            want.annotation is not inspect.Parameter.empty and str(want.annotation) != str(got.annotation)
+        ):
+            return f"{op}: parameter {position} is {_spelled(got)} where the interface has {_spelled(want)}"
+    if len(expected) != len(actual):
+        extra = [_spelled(p) for p in (actual[len(expected):] or expected[len(actual):])]
+        return f"{op}: {'extra' if len(actual) > len(expected) else 'missing'} parameter(s) {', '.join(extra)}"
+    return None
+
+
+def _spelled(parameter: inspect.Parameter) -> str:
+    """``parameter`` as written (string annotations unquoted), keyword-only ones marked ``*,``."""
+    text = parameter.name
+    if parameter.annotation is not inspect.Parameter.empty:
+        text += f": {parameter.annotation}"
+    if parameter.default is not inspect.Parameter.empty:
+        text += f" = {parameter.default!r}"
+    return f"*, {text}" if parameter.kind is inspect.Parameter.KEYWORD_ONLY else text
+
+
+def ignoring_batch_info(function: Callable) -> Callable:
+    """``function`` (an op with the interface's signature) with the op tables' calling convention:
+    it also accepts the keyword ``batch_info`` and drops it."""
+
+    @functools.wraps(function)
+    def call(*args, batch_info=None, **kwargs):
+        return function(*args, **kwargs)
+
+    return call
+
+
+Device = Union[str, torch.device, None]
+
+
+def device_type(device: Device) -> Optional[str]:
+    """``"xpu"``, ``"cuda"``, ``"cpu"``... for a device or device name; None when unknown."""
+    return None if device is None else torch.device(device).type
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """What one provider offers for one op on the serving device.
+
+    ``function`` is the op with the op tables' calling convention (the interface's keywords plus
+    ``batch_info``), None when the provider cannot serve the op there; ``reason`` says why (not).
+    ``capture_safe``: whether it may run inside CUDA/XPU graphs (None: not decided yet, a trial
+    capture decides it), with ``capture_reason`` saying why (empty when it needs no saying).
+    ``kernel``: what a trial capture binds (the native provider's ``KernelOp``).
+    """
+
+    function: Optional[Callable[..., torch.Tensor]]
+    reason: str
+    capture_safe: Optional[bool] = True
+    capture_reason: str = ""
+    kernel: Optional[object] = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Provider:
+    """What a provider says about itself to the selection (:mod:`.selection`), once, in its own
+    module (``PROVIDER``); the selection derives pairing and pool layout from these flags and
+    never names a provider.
+
+    Attributes:
+        name: its ``SGLANG_XPU_LORA_KERNELS`` value, and its name in logs and ``doctor``.
+        title: how reasons name its ops ("no {title}: ...", "reads the {title} ... output").
+        contracts_over_max_rank: its GEMM ops contract over the full ``max_lora_rank``, reading rank
+            tails as zeros, so pool slots must be zeroed before each load.
+        expands_read_spaced_slices: its multi-slice expands read slice ``p`` of their input at
+            column ``p * max_lora_rank`` (else SGLang's packed ``p * rank``), so the backend
+            re-spaces a packed shrink output before them (:mod:`.slice_layout`).
+        shrink_feeds_only_own_expands: its shrinks leave rows and columns unwritten that only its
+            own expands skip, so every expand reading its shrink's output is served by it too.
+        capture_by_trial: whether its ops may run inside graphs is decided per op by a trial
+            capture at graph set-up (:mod:`.capture_probe`); otherwise its ops are capture-safe.
+        last_resort: it runs anywhere and serves what nothing else serves (slowly): choosing it
+            is logged as a warning, and it alone never lets ``intel_xpu`` run off ``xpu``.
+    """
+
+    name: str
+    title: str
+    contracts_over_max_rank: bool
+    expands_read_spaced_slices: bool
+    shrink_feeds_only_own_expands: bool = False
+    capture_by_trial: bool = False
+    last_resort: bool = False
+
+    def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
+        """An :class:`Offer` per op of :data:`OP_NAMES` on a device of type ``device_kind`` (None:
+        unknown), under ``SGLANG_XPU_LORA_KERNELS=kernels``, with the trial captures' verdicts so
+        far (op -> :class:`.capture_probe.Verdict`).
+
+        Raises:
+            ValueError: for an invalid setting the provider reads (``SGLANG_XPU_LORA_GRAPH_NATIVE``).
+        """
+        raise NotImplementedError
+
+    def unavailable_error(self, op: str, device_kind: Optional[str], reason: str) -> str:
+        """The start-up error when ``SGLANG_XPU_LORA_KERNELS`` forces this provider and it cannot
+        serve ``op`` (``reason``: its offer's)."""
+        return f"the {self.name} provider cannot serve {op} on {device_kind}: {reason}"
+
+    def bind_to_batch(self, name: str, batch_info) -> Optional[Callable[..., torch.Tensor]]:
+        """Its own binding of op (or chunked-expand form) ``name`` to one batch
+        (:mod:`.batch_binding`), or None for the keyword binding every provider gets."""
+        return None

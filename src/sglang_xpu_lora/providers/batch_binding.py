@@ -9,9 +9,9 @@ positionally, in the order of :data:`BOUND_PARAMETERS`; the batch's ``seg_indptr
 ``LoRABatchInfo`` are already in the callable. Semantics, shapes and dtypes are those of
 :mod:`.base`.
 
-How an op is bound depends on its provider:
+How an op is bound depends on its provider (:meth:`.base.Provider.bind_to_batch`):
 
-* SGLang's Triton kernels: :func:`.triton_ops.bind` (positional kernel calls, as
+* SGLang's Triton kernels bind themselves: :func:`.triton_ops.bind` (positional kernel calls, as
   ``TritonLoRABackend`` makes them; the kernels read the permutation from the batch info);
 * native and portable ops: :func:`bind_keywords`, around the table's keyword function.
 
@@ -30,11 +30,11 @@ import torch
 
 #: Per-call parameters of each batch-bound op, in call order (names as in :mod:`.base`).
 BOUND_PARAMETERS = {
-    "sgemm_lora_a_fwd": ("input_x", "weights", "stack_num"),
+    "sgemm_lora_a_fwd": ("input_x", "weights", "num_slices"),
     "sgemm_lora_b_fwd": ("input_x", "weights", "base_output"),
     "qkv_lora_b_fwd": ("input_x", "qkv_lora_b", "output_offset", "max_qkv_out_dim", "base_output"),
     "gate_up_lora_b_fwd": ("input_x", "gate_up_lora_b", "output_dim", "base_output"),
-    "chunked_sgmv_lora_shrink_fwd": ("input_x", "weights", "stack_num"),
+    "chunked_sgmv_lora_shrink_fwd": ("input_x", "weights", "num_slices"),
     "chunked_sgmv_lora_expand_fwd": (
         "input_x", "weights", "slice_offsets", "max_slice_size", "num_slices", "base_output",
     ),
@@ -122,7 +122,8 @@ def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offset
 
     Args:
         table: an op table (:class:`.selection.OpSelection` ``eager`` or ``graph``).
-        choices: op -> :class:`.selection.OpChoice` of ``table`` (which provider serves each op).
+        choices: op -> :class:`.selection.OpChoice` of ``table`` (which provider serves each op,
+            and whether it binds itself to a batch).
         info: SGLang's ``LoRABatchInfo`` of the batch (the kernels' batch info).
         uniform_offsets: ``(bands, band_size) -> (bands + 1,)`` int32 persistent device offsets.
         names: the op and form names to bind.
@@ -130,13 +131,12 @@ def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offset
     Returns:
         A namespace with one batch-bound callable per name.
     """
-    from sglang_xpu_lora.providers import triton_ops
-
     bound = {}
     for name in names:
         op = "chunked_sgmv_lora_expand_fwd" if name in UNIFORM_BAND_FORMS else name
-        if choices[op].provider == "triton":
-            bound[name] = triton_ops.bind(name, info)
+        own = choices[op].provider.bind_to_batch(name, info)
+        if own is not None:
+            bound[name] = own
         elif name in UNIFORM_BAND_FORMS:
             bound[name] = bind_uniform_bands(UNIFORM_BAND_FORMS[name], bound[op], uniform_offsets)
         else:

@@ -200,9 +200,9 @@ def trial_arguments(op: str, case: ProbeCase, seed: int) -> dict[str, Any]:
         args = dict(input_ids=torch.randint(0, TRIAL_VOCAB, (t,), generator=generator), weights=values(case.slots, r, TRIAL_VOCAB),
                     vocab_size=TRIAL_VOCAB, extra_embeddings=None, max_len=t)
     elif op == "sgemm_lora_a_fwd":
-        args = dict(input_x=values(t, TRIAL_IN), weights=values(case.slots, 3 * r, TRIAL_IN), stack_num=3)
+        args = dict(input_x=values(t, TRIAL_IN), weights=values(case.slots, 3 * r, TRIAL_IN), num_slices=3)
     elif op == "chunked_sgmv_lora_shrink_fwd":
-        args = dict(input_x=values(t, TRIAL_IN), weights=values(case.slots, 3 * r, TRIAL_IN), stack_num=3,
+        args = dict(input_x=values(t, TRIAL_IN), weights=values(case.slots, 3 * r, TRIAL_IN), num_slices=3,
                     num_segments=case.slots, permutation=permutation)
     elif op == "sgemm_lora_b_fwd":
         args = dict(input_x=values(t, r), weights=values(case.slots, n, r), scalings=scalings, base_output=values(t, n))

@@ -11,18 +11,24 @@ way the sgl-kernel-xpu Python wrappers do (``python/sgl_kernel/lora.py``), zero-
 
 Whether an op may run inside CUDA/XPU graphs is not read from the build (no build declares it, and
 every build seen so far validates inputs on the host with ``.item()``/``.cpu()``): it is decided by
-a trial capture at graph set-up (:mod:`.capture_probe`).
+a trial capture at graph set-up (:mod:`.capture_probe`), or by ``SGLANG_XPU_LORA_GRAPH_NATIVE``.
+
+:data:`PROVIDER` describes the provider to the selection: its ops contract over the full
+``max_rank`` (zeroed pool slots), its multi-slice expands read slice ``p`` at ``p * max_rank``, and
+its capture safety is decided by trial.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from sglang_xpu_lora.providers.base import OP_NAMES
+from sglang_xpu_lora.providers.base import OP_NAMES, Offer, Provider, parameters
+from sglang_xpu_lora.providers.capture_probe import Verdict, graph_native_choice
+from sglang_xpu_lora.settings import GRAPH_NATIVE_ENV, KERNELS_ENV
 
 #: Kernel names per op, newest first.
 KERNEL_NAMES = {op: (op,) for op in OP_NAMES} | {
@@ -43,7 +49,8 @@ MINIMUM_BUILD = {
 
 #: Schema argument names that differ from the provider interface's names, per op.
 ALIASES = {
-    "chunked_sgmv_lora_shrink_fwd": {"x": "input_x", "num_slices": "stack_num"},
+    "sgemm_lora_a_fwd": {"stack_num": "num_slices"},
+    "chunked_sgmv_lora_shrink_fwd": {"x": "input_x"},
     "chunked_sgmv_lora_expand_fwd": {"x": "input_x"},
 }
 
@@ -88,12 +95,11 @@ def _schema_arguments(kernel_name: str) -> Optional[list]:
         return None
 
 
-def detect_op(op: str, parameters: tuple[str, ...]) -> tuple[Optional[KernelOp], str]:
-    """Find ``op`` in the loaded build. Returns ``(KernelOp or None, reason)``.
-
-    ``parameters`` are the provider-interface parameter names of the op.
-    """
-    aliases = ALIASES.get(op, {})
+def detect_op(op: str) -> tuple[Optional[KernelOp], str]:
+    """Find ``op`` in the loaded build. Returns ``(KernelOp or None, reason)``: found when every
+    schema argument after ``output`` is, by its name (:data:`ALIASES` applied), a parameter of the
+    interface's ``op`` (:func:`.base.parameters`) or optional."""
+    aliases, known = ALIASES.get(op, {}), parameters(op)
     for kernel_name in KERNEL_NAMES[op]:
         arguments = _schema_arguments(kernel_name)
         if arguments is None:
@@ -104,7 +110,7 @@ def detect_op(op: str, parameters: tuple[str, ...]) -> tuple[Optional[KernelOp],
         unknown = [
             a.name
             for a in arguments[1:]
-            if aliases.get(a.name, a.name) not in parameters and not a.type.kind() == "OptionalType"
+            if aliases.get(a.name, a.name) not in known and not a.type.kind() == "OptionalType"
         ]
         if unknown:
             return None, f"torch.ops.sgl_kernel.{kernel_name} needs unsupported argument(s) {', '.join(unknown)}"
@@ -135,3 +141,46 @@ def bind(kernel: KernelOp) -> Callable[..., torch.Tensor]:
     call.__name__ = op
     call.__qualname__ = f"native.{op}"
     return call
+
+
+def capture_verdict(verdict: Optional[Verdict], graph_native: str) -> tuple[Optional[bool], str]:
+    """Whether a native op runs inside graphs (None: not tried yet), and why, from its trial
+    capture's ``verdict`` (None: none yet) and ``SGLANG_XPU_LORA_GRAPH_NATIVE=graph_native``."""
+    if graph_native == "always":
+        return True, f"{GRAPH_NATIVE_ENV}=always: runs inside graphs untried"
+    if graph_native == "never":
+        return False, f"{GRAPH_NATIVE_ENV}=never"
+    if verdict is None:
+        return None, "capture safety is decided by a trial capture at graph set-up"
+    return verdict.capture_safe, verdict.reason
+
+
+class NativeProvider(Provider):
+    """The sgl-kernel-xpu ops: per op, when the installed build has it (:func:`detect_op`) and
+    registers a kernel for the serving device; inside graphs as its trial capture decides."""
+
+    def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
+        graph_native = graph_native_choice()
+        module, build = kernel_build()
+        offers = {}
+        for op in OP_NAMES:
+            kernel, reason = detect_op(op) if module else (None, build)
+            if kernel is not None and device_kind is not None and not has_kernel_for_device(kernel, device_kind):
+                kernel, reason = None, f"{kernel.schema_note} has no {device_kind} kernel"
+            if kernel is None:
+                offers[op] = Offer(None, reason)
+                continue
+            safe, why = capture_verdict(graph_verdicts.get(op), graph_native)
+            offers[op] = Offer(bind(kernel), reason, safe, why, kernel)
+        return offers
+
+    def unavailable_error(self, op: str, device_kind: Optional[str], reason: str) -> str:
+        return (
+            f"{KERNELS_ENV}=native: sgl-kernel-xpu op {op} is unavailable: {reason}. Install "
+            f"{MINIMUM_BUILD[op]} or newer, or set {KERNELS_ENV}=auto to use another provider for it"
+        )
+
+
+PROVIDER = NativeProvider(
+    name="native", title="native op", contracts_over_max_rank=True, expands_read_spaced_slices=True, capture_by_trial=True,
+)

@@ -18,7 +18,7 @@ A B op given ``base_output`` in ``input_x``'s dtype adds into it in place and re
 Triton kernels and its ``torch_native`` backend do (no second output tensor: on a CPU a fresh
 ``(T, N)`` tensor per layer costs page faults and a pass over memory); callers use the returned
 tensor.
-The GEMM ops need zero rank tails (A rows from ``stack_num * r`` and B columns from ``r`` on, ``r`` a
+The GEMM ops need zero rank tails (A rows from ``num_slices * r`` and B columns from ``r`` on, ``r`` a
 slot's ``lora_ranks`` entry: the pool's contract): the device routing contracts over the full
 ``max_rank``, as the XPU kernels do, the host routing over each slot's rank. Stacked A is SGLang's
 packed layout and a shrink's output is packed the same way; the multi-slice B ops read slice ``p``
@@ -27,21 +27,23 @@ its own slot's weights, whatever the other slots hold (NaN and Inf included).
 
 Raises ``ValueError`` for shape mismatches that can be checked without reading index tensors.
 Index contents (slot ids, offsets) are trusted, as in a kernel.
+
+:data:`PROVIDER` describes the provider to the selection: it serves every op on any device, the
+last resort; its ops contract over the full ``max_rank`` (zeroed pool slots) and its multi-slice
+expands read slice ``p`` at ``p * max_rank``, as the native ones.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
-from sglang_xpu_lora.providers.base import OP_NAMES
+from sglang_xpu_lora.providers.base import OP_NAMES, Offer, Provider, ignoring_batch_info
 from sglang_xpu_lora.providers.torch_routing import cache, device, host
 from sglang_xpu_lora.providers.torch_routing.cache import begin_batch
 
-__all__ = ["begin_batch", *OP_NAMES]
-
-name = "torch"
+__all__ = ["PROVIDER", "begin_batch", *OP_NAMES]
 
 
 #: On CPU, problems at most this small take the device routing (see :func:`routes_on_host`).
@@ -182,7 +184,7 @@ def embedding_lora_a_fwd(
 def sgemm_lora_a_fwd(
     input_x: torch.Tensor,
     weights: torch.Tensor,
-    stack_num: int,
+    num_slices: int,
     seg_indptr: torch.Tensor,
     weight_indices: torch.Tensor,
     lora_ranks: torch.Tensor,
@@ -192,17 +194,17 @@ def sgemm_lora_a_fwd(
 
     Args:
         input_x: (T, K).
-        weights: (L, stack_num * max_rank, K), dtype of input_x; a rank-r slot's slice p at rows
-            p * r (SGLang's packed layout), zero from stack_num * r on.
-        stack_num: number of stacked slices (> 0, divides weights.size(1)).
+        weights: (L, num_slices * max_rank, K), dtype of input_x; a rank-r slot's slice p at rows
+            p * r (SGLang's packed layout), zero from num_slices * r on.
+        num_slices: number of stacked slices (> 0, divides weights.size(1)).
     Returns:
-        (T, stack_num * max_rank), dtype of input_x, packed like the weights (slice p at columns
+        (T, num_slices * max_rank), dtype of input_x, packed like the weights (slice p at columns
         p * r); zero rows outside every segment.
     Source: sgl-kernel-xpu ``sgemm_lora_a_fwd`` (``src/sycl/SGEMMLoraAFwd.cpp``).
     """
-    _check(stack_num > 0 and weights.shape[1] % stack_num == 0, "weights.size(1) must be a multiple of stack_num > 0")
+    _check(num_slices > 0 and weights.shape[1] % num_slices == 0, "weights.size(1) must be a multiple of num_slices > 0")
     _check(input_x.shape[1] == weights.shape[2], f"input_x.size(1)={input_x.shape[1]} != weights.size(2)={weights.shape[2]}")
-    return _shrink(input_x, weights, stack_num, seg_indptr, weight_indices, lora_ranks)
+    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks)
 
 
 def sgemm_lora_b_fwd(
@@ -297,7 +299,7 @@ def gate_up_lora_b_fwd(
 def chunked_sgmv_lora_shrink_fwd(
     input_x: torch.Tensor,
     weights: torch.Tensor,
-    stack_num: int,
+    num_slices: int,
     num_segments: int,
     seg_indptr: torch.Tensor,
     weight_indices: torch.Tensor,
@@ -311,12 +313,12 @@ def chunked_sgmv_lora_shrink_fwd(
             (segments describe logical order); None means physical order.
         num_segments: ignored (the kernel uses ``seg_indptr.numel() - 1``).
     Returns:
-        (T, stack_num * max_rank) in physical row order.
+        (T, num_slices * max_rank) in physical row order.
     Source: sgl-kernel-xpu ``chunked_sgmv_lora_shrink_fwd`` (``src/sycl/ChunkedSgmvLoraShrinkFwd.cpp``).
     """
-    _check(stack_num > 0 and weights.shape[1] % stack_num == 0, "weights.size(1) must be a multiple of stack_num > 0")
+    _check(num_slices > 0 and weights.shape[1] % num_slices == 0, "weights.size(1) must be a multiple of num_slices > 0")
     _check(input_x.shape[1] == weights.shape[2], f"input_x.size(1)={input_x.shape[1]} != weights.size(2)={weights.shape[2]}")
-    return _shrink(input_x, weights, stack_num, seg_indptr, weight_indices, lora_ranks, permutation)
+    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation)
 
 
 def chunked_sgmv_lora_expand_fwd(
@@ -357,3 +359,15 @@ def chunked_sgmv_lora_expand_fwd(
         input_x, weights, seg_indptr, weight_indices, lora_ranks, permutation, scalings, num_slices, base_output,
         slice_offsets=slice_offsets, widest=max_slice_size,
     )
+
+
+class PortableProvider(Provider):
+    """The portable ops: every op, on any device."""
+
+    def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
+        return {op: Offer(ignoring_batch_info(globals()[op]), "") for op in OP_NAMES}
+
+
+PROVIDER = PortableProvider(
+    name="torch", title="portable op", contracts_over_max_rank=True, expands_read_spaced_slices=True, last_resort=True,
+)

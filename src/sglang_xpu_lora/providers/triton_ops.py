@@ -10,7 +10,8 @@ way, and must describe the same batch: ``IntelXpuLoRABackend`` passes the batch 
 Triton backend prepared. :func:`bind` binds an op to one batch info instead (the backend's
 per-batch routes, :mod:`.batch_binding`): per call it takes only the module's tensors and host
 integers, positionally, and calls the kernel with the batch info, positionally, as
-``TritonLoRABackend`` does; the keyword functions go through it.
+``TritonLoRABackend`` does; the keyword functions go through it and take their signatures from
+the interface itself (:func:`.base.signature`), so they are not written out here a second time.
 
 Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
 stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
@@ -25,7 +26,7 @@ Two differences from the interface's common contract (:mod:`.base`), both SGLang
 
 * the B ops add into ``base_output`` in place and return it (callers use the returned tensor);
 * a shrink's output is written only for rows of segments whose slot has a non-zero rank, and only
-  up to ``stack_num * rank`` columns; everything else is uninitialised. Only the Triton B ops read
+  up to ``num_slices * rank`` columns; everything else is uninitialised. Only the Triton B ops read
   it correctly (they skip those rows and columns), so the selection pairs a Triton shrink with
   Triton expands (:mod:`.selection`).
 
@@ -36,17 +37,56 @@ them for large permuted batches (:mod:`sglang_xpu_lora.backend.batch_routes`), a
 Capture safety: the kernels read ranks, segments and permutation from device memory and launch
 grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
 XPU graphs (SGLang captures them in its ``triton`` backend).
+
+Where they run (:func:`triton_support`): on a GPU with an active Triton backend for it; on CPU only
+in Triton's interpreter, which only ``SGLANG_XPU_LORA_KERNELS=triton`` uses (tests): ``auto`` and
+``native`` never do (it is far slower than the portable ops). :data:`PROVIDER` describes all this
+to the selection.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import os
 import types
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
-name = "triton"
+from sglang_xpu_lora.providers.base import OP_NAMES, Device, Offer, Provider, device_type, signature
+from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
+from sglang_xpu_lora.settings import KERNELS_ENV
+
+#: Triton backends that serve each device type.
+TRITON_BACKENDS = {"cuda": ("nvidia", "amd"), "xpu": ("intel",)}
+
+
+def triton_support(device: Device) -> tuple[bool, str]:
+    """Whether SGLang's Triton LoRA kernels can run on ``device``, and why (not).
+
+    A GPU device needs an active Triton backend for it (``nvidia``/``amd`` for ``cuda``, ``intel``
+    for ``xpu``); CPU tensors run only in Triton's interpreter (``TRITON_INTERPRET=1``).
+    """
+    kind = device_type(device)
+    if kind is None:
+        return False, "the serving device is unknown"
+    try:
+        import triton
+    except Exception as exc:  # noqa: BLE001 - a broken Triton is as unusable as a missing one
+        return False, f"triton is not importable ({type(exc).__name__}: {exc})"
+    if kind == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return True, f"Triton {triton.__version__} interpreter (TRITON_INTERPRET=1)"
+        return False, "Triton has no CPU backend (TRITON_INTERPRET=1 runs its interpreter, for tests)"
+    try:
+        from triton.backends import backends
+    except Exception as exc:  # noqa: BLE001
+        return False, f"triton.backends is not importable ({type(exc).__name__}: {exc})"
+    for backend in TRITON_BACKENDS.get(kind, ()):
+        if backend in backends and backends[backend].driver.is_active():
+            return True, f"Triton {triton.__version__} {backend} backend"
+    return False, f"no active Triton backend for {kind} (installed: {', '.join(sorted(backends)) or 'none'})"
 
 
 @functools.cache
@@ -64,27 +104,6 @@ def _kernels() -> types.SimpleNamespace:
         gate_up_lora_b=resolve(targets.TRITON_GATE_UP_LORA_B),
         chunked_sgmv_shrink=resolve(targets.TRITON_CHUNKED_SGMV_SHRINK),
         chunked_sgmv_expand=resolve(targets.TRITON_CHUNKED_SGMV_EXPAND),
-    )
-
-
-def embedding_lora_a_fwd(
-    input_ids: torch.Tensor,
-    weights: torch.Tensor,
-    vocab_size: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    extra_embeddings: Optional[torch.Tensor] = None,
-    seg_lens: Optional[torch.Tensor] = None,
-    max_len: Optional[int] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """LoRA-A embedding lookup. input_ids: ``(s,)``; weights: ``(L, R, vocab)`` -> ``(s, R)`` in
-    weights' dtype, zero past each slot's rank (SGLang ``embedding_lora_a_fwd``)."""
-    return _kernels().embedding_lora_a(
-        input_ids=input_ids, weights=weights, batch_info=batch_info, vocab_size=vocab_size,
-        extra_embeddings=extra_embeddings,
     )
 
 
@@ -106,8 +125,8 @@ def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
         # the permuted shrink too: sgemm_lora_a_fwd reads rows through batch_info.permutation
         sgemm_lora_a = kernels.sgemm_lora_a
 
-        def shrink(input_x, weights, stack_num):
-            return sgemm_lora_a(input_x, weights, batch_info, stack_num=stack_num)
+        def shrink(input_x, weights, num_slices):
+            return sgemm_lora_a(input_x, weights, batch_info, stack_num=num_slices)
 
         return shrink
     # the chunked expand's uniform-band forms (batch_binding.UNIFORM_BAND_FORMS) are the kernels
@@ -151,129 +170,62 @@ def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
 # --- the interface's keyword signatures (op tables, tests): each call binds its op -------------
 
 
-def sgemm_lora_a_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    stack_num: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Shrink. input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``
-    (SGLang ``sgemm_lora_a_fwd``; see the module docstring for the rows it leaves unwritten)."""
-    return bind("sgemm_lora_a_fwd", batch_info)(input_x, weights, stack_num)
+def _keyword_op(op: str) -> Callable[..., torch.Tensor]:
+    """Op ``op`` with the interface's signature (:func:`.base.signature`) plus the keyword-only
+    ``batch_info``: the embedding op calls SGLang's kernel with the batch info; the others bind the
+    op to it (:func:`bind`) and pass the per-call arguments
+    (:data:`.batch_binding.BOUND_PARAMETERS`). The loose index arguments are checked for presence
+    only (the batch info describes the batch).
 
-
-def sgemm_lora_b_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, one slice. input_x: ``(s, R)``; weights: ``(L, N, R)`` -> ``(s, N)``
-    (SGLang ``sgemm_lora_b_fwd``)."""
-    return bind("sgemm_lora_b_fwd", batch_info)(input_x, weights, base_output)
-
-
-def qkv_lora_b_fwd(
-    input_x: torch.Tensor,
-    qkv_lora_b: torch.Tensor,
-    output_offset: torch.Tensor,
-    max_qkv_out_dim: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, three bands at device ``output_offset`` ``(4,)`` int32. input_x: ``(s, 3R)``;
-    qkv_lora_b: ``(L, N, R)`` -> ``(s, N)`` (SGLang ``qkv_lora_b_fwd``)."""
-    return bind("qkv_lora_b_fwd", batch_info)(input_x, qkv_lora_b, output_offset, max_qkv_out_dim, base_output)
-
-
-def gate_up_lora_b_fwd(
-    input_x: torch.Tensor,
-    gate_up_lora_b: torch.Tensor,
-    output_dim: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    seg_lens: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand, two equal bands. input_x: ``(s, 2R)``; gate_up_lora_b: ``(L, 2 * output_dim, R)`` ->
-    ``(s, 2 * output_dim)`` (SGLang ``gate_up_lora_b_fwd``)."""
-    return bind("gate_up_lora_b_fwd", batch_info)(input_x, gate_up_lora_b, output_dim, base_output)
-
-
-def chunked_sgmv_lora_shrink_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    stack_num: int,
-    num_segments: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    permutation: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Shrink of a permuted batch: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
-    ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode). Shapes as
-    :func:`sgemm_lora_a_fwd`."""
-    return bind("chunked_sgmv_lora_shrink_fwd", batch_info)(input_x, weights, stack_num)
-
-
-def chunked_sgmv_lora_expand_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    slice_offsets: torch.Tensor,
-    max_slice_size: int,
-    num_slices: int,
-    num_segments: int,
-    seg_indptr: torch.Tensor,
-    weight_indices: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    permutation: Optional[torch.Tensor] = None,
-    base_output: Optional[torch.Tensor] = None,
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand of ``num_slices`` bands at device ``slice_offsets`` ``(num_slices + 1,)`` int32.
-    input_x: ``(s, num_slices * R)``; weights: ``(L, N, R)`` -> ``(s, N)``; the kernel as
-    :func:`bind` chooses it."""
-    return bind("chunked_sgmv_lora_expand_fwd", batch_info)(
-        input_x, weights, slice_offsets, max_slice_size, num_slices, base_output
+    Raises:
+        TypeError: for arguments the interface's signature does not accept.
+    """
+    interface = signature(op)
+    with_batch_info = interface.replace(
+        parameters=[*interface.parameters.values(), inspect.Parameter("batch_info", inspect.Parameter.KEYWORD_ONLY)]
     )
 
+    def call(*args, **kwargs) -> torch.Tensor:
+        arguments = with_batch_info.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        given = arguments.arguments
+        if op == "embedding_lora_a_fwd":  # one call per forward, not bound to the batch
+            return _kernels().embedding_lora_a(
+                input_ids=given["input_ids"], weights=given["weights"], batch_info=given["batch_info"],
+                vocab_size=given["vocab_size"], extra_embeddings=given["extra_embeddings"],
+            )
+        return bind(op, given["batch_info"])(*(given[name] for name in BOUND_PARAMETERS[op]))
 
-def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, stack_num: int, *, batch_info) -> torch.Tensor:
+    call.__name__ = call.__qualname__ = op
+    call.__signature__ = with_batch_info
+    call.__doc__ = f"SGLang's Triton kernel for the interface's ``{op}`` (:mod:`.base`), called with ``batch_info``."
+    return call
+
+
+#: LoRA-A embedding lookup, ``(s, R)`` in the weights' dtype, zero past each slot's rank.
+embedding_lora_a_fwd = _keyword_op("embedding_lora_a_fwd")
+sgemm_lora_a_fwd = _keyword_op("sgemm_lora_a_fwd")
+sgemm_lora_b_fwd = _keyword_op("sgemm_lora_b_fwd")
+qkv_lora_b_fwd = _keyword_op("qkv_lora_b_fwd")
+gate_up_lora_b_fwd = _keyword_op("gate_up_lora_b_fwd")
+#: The permuted shrink: SGLang's ``sgemm_lora_a_fwd``, which reads rows through
+#: ``batch_info.permutation`` (as ``TritonLoRABackend`` does for decode).
+chunked_sgmv_lora_shrink_fwd = _keyword_op("chunked_sgmv_lora_shrink_fwd")
+#: The expand of ``num_slices`` bands: the kernel as :func:`bind` chooses it.
+chunked_sgmv_lora_expand_fwd = _keyword_op("chunked_sgmv_lora_expand_fwd")
+
+
+def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, num_slices: int, *, batch_info) -> torch.Tensor:
     """Shrink with SGLang's chunked-SGMV kernel (``chunked_sgmv_lora_shrink_forward``).
 
-    input_x: ``(s, K)``; weights: ``(L, stack_num * R, K)`` -> ``(s, stack_num * R)``, the packed
+    input_x: ``(s, K)``; weights: ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``, the packed
     intermediate (slice ``p`` at columns ``p * rank``) on rows of live segments only, as
     :func:`sgemm_lora_a_fwd`. ``batch_info``: segments of at most ``batch_info.max_len`` tokens
     (16, 32, 64 or 128) through ``batch_info.permutation``
     (:func:`sglang_xpu_lora.backend.batch_routes.chunk_segments`); read only by
     :func:`csgmv_expand_fwd`.
     """
-    return _kernels().chunked_sgmv_shrink(input_x, weights, batch_info, stack_num)
+    return _kernels().chunked_sgmv_shrink(input_x, weights, batch_info, num_slices)
 
 
 def csgmv_expand_fwd(
@@ -293,3 +245,28 @@ def csgmv_expand_fwd(
     ``(s, N)`` tensor when it is None.
     """
     return _kernels().chunked_sgmv_expand(input_x, weights, batch_info, slice_offsets, max_slice_size, base_output)
+
+
+class TritonProvider(Provider):
+    """SGLang's Triton kernels: every op or none, by where Triton runs (:func:`triton_support`)."""
+
+    def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
+        runs, why = triton_support(device_kind)
+        if device_kind == "cpu" and runs and kernels != self.name:
+            runs, why = False, f"{KERNELS_ENV}={kernels} does not use the Triton interpreter on CPU"
+        return {op: Offer(globals()[op] if runs else None, why) for op in OP_NAMES}
+
+    def unavailable_error(self, op: str, device_kind: Optional[str], reason: str) -> str:
+        return (
+            f"{KERNELS_ENV}=triton: SGLang's Triton LoRA kernels cannot run on device {device_kind}: {reason}. "
+            f"Unset {KERNELS_ENV} or set {KERNELS_ENV}=torch for the portable kernels"
+        )
+
+    def bind_to_batch(self, name: str, batch_info) -> Callable[..., torch.Tensor]:
+        return bind(name, batch_info)
+
+
+PROVIDER = TritonProvider(
+    name="triton", title="Triton", contracts_over_max_rank=False, expands_read_spaced_slices=False,
+    shrink_feeds_only_own_expands=True,
+)

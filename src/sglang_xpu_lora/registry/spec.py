@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,15 @@ class LoRABackendSpec:
         validation when the backend is selected (before any process starts); it raises
         ``ValueError`` or ``RuntimeError`` with an actionable message when the backend cannot start
         (e.g. a required kernel is missing, or its kernels cannot run on that device).
-    :param needs_zeroed_lora_slots: the backend's kernels (may) contract over the full
+    :param needs_zeroed_lora_slots: the backend's kernels contract over the full
         ``max_lora_rank``, so the memory pool must zero each slot before an adapter is loaded into
         it: zero rank tails, nothing left of a previous tenant (see
-        :mod:`sglang_xpu_lora.patches.mem_pool`). A backend instance may refine it with a bool
-        attribute ``needs_zeroed_slots`` (``intel_xpu`` does, from the ops it selected).
+        :mod:`sglang_xpu_lora.patches.mem_pool`). A bool, or a callable given the backend instance
+        when the instance decides (``intel_xpu``: from the ops it selected). This is the one place
+        the plugin's pool patch reads it from.
+    :param receives_memory_pool: optional callable ``(backend instance, pool)``: the plugin's pool
+        patch hands the backend its manager's ``LoRAMemoryPool`` through it once the pool is built
+        (``intel_xpu`` checks the pool before serving and sizes its trial captures from it).
     """
 
     name: str
@@ -36,7 +40,13 @@ class LoRABackendSpec:
     runs_on_other_devices: Optional[Callable[[Optional[str]], bool]] = None
     other_devices_hint: str = ""
     preflight: Optional[Callable[[Optional[str]], object]] = None
-    needs_zeroed_lora_slots: bool = False
+    needs_zeroed_lora_slots: Union[bool, Callable[[object], bool]] = False
+    receives_memory_pool: Optional[Callable[[object, object], None]] = None
+
+    def zeroed_slots_needed(self, backend: object) -> bool:
+        """Whether ``backend``, an instance of this spec's backend, needs zeroed pool slots."""
+        needed = self.needs_zeroed_lora_slots
+        return bool(needed(backend) if callable(needed) else needed)
 
     def device_error(self, device: Optional[str]) -> Optional[str]:
         """The validation error for running on ``device``, or None when it is allowed.
