@@ -57,7 +57,7 @@ from sglang_xpu_lora.backend.batch_routes import (
     chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import capture_probe, native, select_ops, torch_ops
+from sglang_xpu_lora.providers import capture_probe, native, select_ops
 from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
 from sglang_xpu_lora.providers.selection import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
@@ -216,13 +216,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
-        Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`)
-        and for the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, slice-spacing
-        indices), so both are computed once per batch rather than once per op. The first batch after
-        the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
+        Also starts the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, with the
+        portable ops' routing cache and the slice-spacing indices of this batch), so what depends
+        only on the batch is computed once per batch rather than once per op; everything of the
+        batch lives on this backend's routes, nothing in the process. The first batch after the
+        manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
         self._check_memory_pool()
-        torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
             use_prefill_cuda_graph=use_prefill_cuda_graph,
@@ -233,7 +233,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
         self._check_memory_pool()
-        torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
         self._prepare_routes()
