@@ -33,7 +33,7 @@ def routings_built(monkeypatch):
     from sglang_xpu_lora.providers.torch_routing import device, host
 
     built = []
-    for module, name in ((host, "runs"), (device, "row_slots")):
+    for module, name in ((host, "read_runs"), (device, "row_slots")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, _fn=original, **kwargs: built.append(_fn) or _fn(*args, **kwargs))
     return built

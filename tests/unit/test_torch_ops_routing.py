@@ -99,7 +99,7 @@ def test_cpu_routes_on_the_host_except_small_problems_with_several_runs():
 
 def test_accelerator_tensors_never_read_index_tensors_on_the_host(monkeypatch):
     """On a device other than CPU the host routing is not even considered (it would synchronise)."""
-    monkeypatch.setattr(host, "runs", None)  # any host routing would fail
+    monkeypatch.setattr(host, "read_runs", None)  # any host routing would fail
     p = decode_batch()
     meta = {k: v.to("meta") for k, v in p["common"].items()}
     out = torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"].to("meta"), p["a"].to("meta"), 3, 2, permutation=p["permutation"].to("meta"), **meta)

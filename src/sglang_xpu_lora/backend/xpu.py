@@ -106,7 +106,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
         self._last_info: Optional[LoRABatchInfo] = None  # the batch info of the last route used (:meth:`_route`)
         self._last_route: Optional[BatchRoute] = None
-        self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
+        self._kept_uniform_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
         self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
         #: plugin's pool hook (:mod:`sglang_xpu_lora.patches.mem_pool`); None until then.
@@ -320,11 +320,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and
         kept (a captured graph reads its address). Built during a capture (never before in eager),
         it is recorded in that graph and not kept, since its values exist only once the graph runs."""
-        offsets = self._slice_offsets.get((num_slices, slice_size))
+        offsets = self._kept_uniform_offsets.get((num_slices, slice_size))
         if offsets is None:
             offsets = torch.arange(num_slices + 1, dtype=torch.int32, device=self.device) * slice_size
             if not capturing(offsets.device):
-                self._slice_offsets[(num_slices, slice_size)] = offsets
+                self._kept_uniform_offsets[(num_slices, slice_size)] = offsets
         return offsets
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------

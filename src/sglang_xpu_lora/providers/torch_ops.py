@@ -68,21 +68,21 @@ def routes_on_host(x: torch.Tensor, weights: torch.Tensor, count_runs: Callable[
 
 
 def _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, max_rank: int, routing: Optional[RoutingCache]):
-    """:class:`host.Runs` (host routing) or :class:`device.DeviceRoutes` for an op's batch, through
+    """:class:`host.HostRoutes` (host routing) or :class:`device.DeviceRoutes` for an op's batch, through
     the batch's ``routing`` cache when given."""
     num_rows, num_slots = x.shape[0], weights.shape[0]
 
     def cached(kind: str, index_tensors: tuple, shape_key: tuple, build):
         return build() if routing is None else routing.cached(kind, index_tensors, shape_key, build)
 
-    def host_runs() -> host.Runs:
+    def host_routes() -> host.HostRoutes:
         return cached(
             "host", (seg_indptr, weight_indices, lora_ranks, permutation), (num_rows, num_slots, max_rank),
-            lambda: host.runs(seg_indptr, weight_indices, lora_ranks, num_rows, max_rank, permutation),
+            lambda: host.read_runs(seg_indptr, weight_indices, lora_ranks, num_rows, max_rank, permutation),
         )
 
-    if routes_on_host(x, weights, lambda: len(host_runs().runs)):
-        return host_runs()
+    if routes_on_host(x, weights, lambda: len(host_routes().runs)):
+        return host_routes()
     return cached(
         "device", (seg_indptr, weight_indices, permutation), (num_rows,),
         lambda: device.DeviceRoutes(device.row_slots(seg_indptr, weight_indices, num_rows, permutation)),
@@ -91,7 +91,7 @@ def _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, max
 
 def _shrink(x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation, routing) -> torch.Tensor:
     routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[1] // num_slices, routing)
-    if isinstance(routes, host.Runs):
+    if isinstance(routes, host.HostRoutes):
         return host.shrink(x, weights, routes, num_slices)
     return device.shrink(x, weights, routes)
 
@@ -107,7 +107,7 @@ def _expand(
     if bands is None and widest is not None and num_slices * widest == weights.shape[1]:
         bands = [(p * widest, (p + 1) * widest) for p in range(num_slices)]
     routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[2], routing)
-    if isinstance(routes, host.Runs):
+    if isinstance(routes, host.HostRoutes):
         if bands is None:
             edges = slice_offsets.tolist()
             bands = list(zip(edges[:-1], edges[1:]))
