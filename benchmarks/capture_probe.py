@@ -57,11 +57,10 @@ SLOTS, MAX_RANK, REAL_RANK, ADAPTERS = 8, 64, 16, 4
 def layer(selection, use_graph: bool, case, info) -> dict:
     """One layer's LoRA outputs through ``selection``'s graph or eager table, routed as
     ``IntelXpuLoRABackend`` routes them (:meth:`benchmarks.ops.Case.run_module`: the shrink's
-    slices re-spaced for the expands that read them at ``max_lora_rank``)."""
-    from sglang_xpu_lora.providers import torch_ops
-
-    torch_ops.begin_batch()
-    table = selection.for_graph(use_graph)
+    slices re-spaced for the expands that read them at ``max_lora_rank``; a new batch for the
+    portable ops' routing)."""
+    case.begin_batch()
+    table = case.with_routing(selection, use_graph)
     return {
         name: case.run_module(table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info)
         for name in case.weights

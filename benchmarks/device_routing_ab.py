@@ -31,15 +31,35 @@ from benchmarks import ops as op_bench
 from benchmarks.common import MODELS, RESULTS, time_call, write
 
 
+class ProcessCacheBaseline:
+    """A baseline whose routing cache is process state (``begin_batch()``, before the per-batch
+    ``RoutingCache``), called as the current provider is: each new ``routing`` starts its batch."""
+
+    def __init__(self, module):
+        self.module, self._routing = module, None
+
+    def __getattr__(self, op):
+        fn = getattr(self.module, op)
+
+        def call(*args, routing=None, **kwargs):
+            if routing is not self._routing:
+                self._routing = routing
+                self.module.begin_batch()
+            return fn(*args, **kwargs)
+
+        return call
+
+
 def load_baseline(path: Path):
-    """The baseline provider module; its LoRA-B mirrors on when it has them (as its pool patch did)."""
+    """The baseline provider module (wrapped in :class:`ProcessCacheBaseline` when its routing cache
+    is process state); its LoRA-B mirrors on when it has them (as its pool patch did)."""
     spec = importlib.util.spec_from_file_location("baseline_torch_ops", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     if hasattr(module, "keep_weight_mirrors"):
         module.keep_weight_mirrors()
-    return module
+    return ProcessCacheBaseline(module) if hasattr(module, "begin_batch") else module
 
 
 @contextlib.contextmanager
@@ -59,7 +79,7 @@ def measure(case, module, device, seconds) -> tuple[float, float, dict]:
         run = op_bench.layer(case.portable, case)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        module.begin_batch()
+        case.begin_batch()
         outputs = {name: case.portable(name).float() for name in case.weights}
         peak = torch.cuda.max_memory_allocated() / 2**20
         return time_call(op_bench.graph(run, device), device, min_seconds=seconds) * 1e3, peak, outputs

@@ -115,11 +115,17 @@ class Case:
             name: torch.tensor([0, *itertools.accumulate(outs)], dtype=torch.int32, device=device)
             for name, (_, _, outs) in self.weights.items()
         }
+        #: The portable ops' routing cache of the current batch (:meth:`begin_batch`).
+        self.routing = torch_ops.RoutingCache()
         #: The slice-spacing gather index per slice count (IntelXpuLoRABackend: once per batch).
         self.spacing = {
             n: slice_layout.spacing_index(self.seg_indptr, self.weight_indices, self.ranks, tokens, n, rank, self.permutation)
             for n in {len(outs) for _, _, outs in self.weights.values()} if n > 1
         }
+
+    def begin_batch(self) -> None:
+        """Start a batch: a new routing cache for the portable ops, as a backend's batch binds one."""
+        self.routing = torch_ops.RoutingCache()
 
     def min_bytes(self) -> int:
         """Bytes a perfect kernel moves for the layer: each used adapter's A and B once, the inputs
@@ -165,7 +171,7 @@ class Case:
         return ops.sgemm_lora_b_fwd(weights=b, **expand)
 
     def portable(self, name: str) -> torch.Tensor:
-        return self.run_module(torch_ops, name, lambda op: True)
+        return self.run_module(torch_ops, name, lambda op: True, routing=self.routing)
 
     def intel_xpu_fn(self, selection, use_graph: bool) -> Callable[[str], torch.Tensor]:
         """The layer through ``selection``'s eager or graph table (an ``OpSelection``), with the
@@ -174,10 +180,23 @@ class Case:
         from benchmarks.triton_peers import dense_batch_info
 
         info = dense_batch_info(self) if triton_ops.PROVIDER in selection.providers else None
-        table = selection.for_graph(use_graph)
+        table = self.with_routing(selection, use_graph)
         return lambda name: self.run_module(
             table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info
         )
+
+    def with_routing(self, selection, use_graph: bool) -> types.SimpleNamespace:
+        """``selection``'s eager or graph table, its portable ops given the routing cache of the
+        case's current batch (:meth:`begin_batch`), as the backend's bound ops give theirs."""
+        table = selection.for_graph(use_graph)
+        chosen = selection.graph_choices if use_graph else selection.choices
+
+        def portable(fn):
+            return lambda **kwargs: fn(**kwargs, routing=self.routing)
+
+        return types.SimpleNamespace(**{
+            op: portable(getattr(table, op)) if choice.provider.caches_routing else getattr(table, op) for op, choice in chosen.items()
+        })
 
     # --- whole backends, through their run_* methods (what a user gets) ------------------------------
 
@@ -277,11 +296,11 @@ def measure(row: dict, key: str, fn: Callable[[], object], device, args) -> None
 
 
 def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
-    """One layer's LoRA work. Each call starts a batch of the portable ops' routing cache, as
-    ``prepare_lora_batch`` does, so routing is paid once per layer here (once per forward in SGLang)."""
+    """One layer's LoRA work. Each call starts a batch (a new routing cache for the portable ops),
+    as ``prepare_lora_batch`` does, so routing is paid once per layer here (once per forward in SGLang)."""
 
     def run():
-        torch_ops.begin_batch()
+        case.begin_batch()
         for name in case.weights:
             fn(name)
 
@@ -314,7 +333,7 @@ def check_graph_replay(device, dtype) -> dict:
     outputs = {}
 
     def forward():
-        torch_ops.begin_batch()
+        case.begin_batch()
         for name in case.weights:
             outputs[name] = case.portable(name)
 
@@ -327,7 +346,7 @@ def check_graph_replay(device, dtype) -> dict:
         getattr(case, attr).copy_(getattr(other, attr))
     replay()
     replayed = {name: out.clone() for name, out in outputs.items()}
-    torch_ops.begin_batch()
+    case.begin_batch()
     expected = {name: case.portable(name) for name in case.weights}
     return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
@@ -478,7 +497,7 @@ def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, 
         fn = case.intel_xpu_fn(selection, use_graph)
         timed = graph(layer(fn, case), device) if use_graph else layer(fn, case)
         result[f"intel_xpu{suffix}_ms"] = time_call(timed, device, min_seconds=seconds) * 1e3
-        torch_ops.begin_batch()
+        case.begin_batch()
         result[f"intel_xpu{suffix}_max_error"] = max(
             float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
         )

@@ -20,15 +20,6 @@ import triton.backends  # noqa: E402,F401 - decorates Triton's own jit helpers f
 import pytest  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def fresh_portable_ops_state(monkeypatch):
-    """Each test starts with the portable ops' per-batch routing cache off, as a fresh process
-    does; the backend turns it on when used."""
-    from sglang_xpu_lora.providers.torch_routing import cache
-
-    monkeypatch.setattr(cache, "_batch_routes", None)
-
-
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """The project's tiny Llama model, tokenizer and PEFT adapters, the embedding/lm_head adapter

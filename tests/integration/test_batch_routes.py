@@ -212,7 +212,7 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     assert offsets.tolist() == [0, 6, 12] and backend._uniform_offsets(2, 6) is offsets
     monkeypatch.setattr(xpu, "capturing", lambda device: True)
     in_capture = backend._uniform_offsets(2, 7)
-    assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend._slice_offsets
+    assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend._kept_uniform_offsets
 
 
 class KernelCalls(TorchDispatchMode):

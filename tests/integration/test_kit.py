@@ -1,8 +1,12 @@
 """The measurement kit (benchmarks/kit.py, behind examples/xpu/measure.sh) on CPU in ``--quick``
 mode, through the same steps as on an Intel GPU: the report has every section, every step's status
 is recorded, the ratios it prints are the quotients of the timings in the steps' own JSON, and a
-step that fails or runs out of time is reported while the other steps still run. No timing is
-asserted."""
+step that fails or runs out of time is reported while the other steps still run. The quick run is
+also the smoke run of the benchmarks it steps through (each once per suite, so they never rot):
+the op benchmark's tiers are measured (finite numbers) with the ratios it prints the quotients of
+its timings and the Triton tier's output within 1e-5 of the float64 reference, the sync-cost
+benchmark counts the native ops' host reads, and the capture probe on CPU tries nothing and matches
+the reference. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -67,6 +71,50 @@ def test_op_ratios_are_the_quotients_of_the_benchmark_timings(quick_run):
     assert f"- backend: intel_xpu / triton (eager): {within}/3 points within 1.1x, worst {max(ratios):.3g}" in report
     sync_rows = json.loads((out / "sync-cost-cpu-quick.json").read_text())["rows"]
     assert [r["tokens"] for r in sync_rows] == [1, 4] and all(f"| {r['tokens']} | 1 | 84 |" in report for r in sync_rows)
+
+
+def test_op_benchmark_measures_every_tier(quick_run):
+    """With TRITON_INTERPRET=1 (tests/conftest.py) and SGLANG_XPU_LORA_KERNELS=triton the quick run
+    includes the intel_xpu tier through SGLang's Triton kernels on a tiny layer, adapters at and
+    below max_lora_rank; its output matches the float64 reference, as the portable tier's does."""
+    out = quick_run[0]
+    results = json.loads((out / "ops-cpu-quick.json").read_text())
+    rows = results["rows"]
+    assert len(rows) == 3 and {r["real_rank"] for r in rows} == {8, 16}
+    for r in rows:
+        assert math.isfinite(r["portable_ms"]) and math.isfinite(r["torch_native_ms"]), r
+        assert math.isclose(r["speedup_vs_torch_native"], r["torch_native_ms"] / r["portable_ms"]), r
+    assert all(math.isfinite(r["intel_xpu_ms"]) and r["intel_xpu_max_error"] < 1e-5 for r in rows)
+    assert all(math.isfinite(r["intel_xpu_eager_ms"]) and r["intel_xpu_eager_max_error"] < 1e-5 for r in rows)  # the backend's run_* methods
+    assert all(math.isfinite(r["triton_backend_ms"]) for r in rows)
+    assert {p["eager"] for p in results["intel_xpu_providers"].values()} == {"triton"}
+    assert (out / "ops-cpu-quick.md").read_text().count("\n") >= 5
+    assert (out / "ops-cpu-quick.png").stat().st_size > 1000
+
+
+def test_sync_cost_counts_the_native_ops_host_reads(quick_run):
+    """The stand-in makes the host reads the research notes list per sgl-kernel-xpu op (counted
+    through the aten ops behind them: 21 per module on the decode path), and reports their cost as
+    the difference of the two paths' timings."""
+    rows = json.loads((quick_run[0] / "sync-cost-cpu-quick.json").read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["syncs_per_step"] == r["reads_counted_per_step"] == 4 * 21 * r["layers"], r
+        assert math.isfinite(r["triton_ms"]) and math.isfinite(r["synced_ms"]), r
+        assert math.isclose(r["added_ms"], r["synced_ms"] - r["triton_ms"]), r
+        assert math.isclose(r["step_ratio"], r["synced_ms"] / r["triton_ms"]), r
+
+
+def test_capture_probe_on_cpu_tries_nothing_and_matches_the_reference(quick_run):
+    """The device evidence script's CPU run: no device graphs, so no op is tried and none runs
+    natively inside graphs; the layer through the graph table matches the float64 reference."""
+    report = json.loads((quick_run[0] / "capture-probe-cpu.json").read_text())
+    assert report["ok"] and [b["build"] for b in report["builds"]] == ["full", "full-syncfree"]
+    for build in report["builds"]:
+        assert set(build["eager"].values()) == {"native"} and set(build["graph"].values()) == {"torch"}
+        assert len(build["trials"]) == 14 and not any(t["capture_safe"] for t in build["trials"])
+        assert all(t["reason"].startswith("not tried: cpu has no device graphs") for t in build["trials"])
+        assert all(layer["vs_float64"] < 1e-5 for layer in build["layers"])
 
 
 def test_a_failing_step_is_reported_and_the_next_steps_run(tmp_path):

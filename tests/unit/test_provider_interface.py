@@ -2,7 +2,8 @@
 selection knows providers only through their descriptors (``PROVIDER`` in each provider module).
 
 * every op of the portable and the Triton provider has the interface's signature (the Triton ones
-  with the keyword-only ``batch_info`` added), and a drifted op is caught by the same check;
+  with the keyword-only ``batch_info`` added, the portable GEMM ops with the keyword-only
+  ``routing``), and a drifted op is caught by the same check;
 * native detection binds the kernels' schema arguments to the interface's parameter names: every
   op of the full emulated build is found, and a renamed interface parameter makes it unfindable;
 * no module that chooses or routes ops spells a provider's name;
@@ -28,8 +29,11 @@ SOURCE = Path(__file__).resolve().parents[2] / "src" / "sglang_xpu_lora"
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
-def test_the_portable_ops_have_the_interface_signatures(op):
-    assert signature_mismatch(op, getattr(torch_ops, op)) is None
+def test_the_portable_ops_have_the_interface_signatures_plus_routing(op):
+    # the GEMM ops take the batch's routing cache (keyword-only); the embedding op routes nothing
+    routing = () if op == "embedding_lora_a_fwd" else ("routing",)
+    assert torch_ops.PROVIDER.caches_routing
+    assert signature_mismatch(op, getattr(torch_ops, op), keyword_only=routing) is None
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
@@ -55,7 +59,10 @@ def test_a_drifted_op_is_caught():
     assert "parameter 2 is stack_num: int where the interface has num_slices: int" in signature_mismatch("sgemm_lora_a_fwd", renamed)
     assert "parameter 6" in signature_mismatch("sgemm_lora_a_fwd", redefaulted)
     assert "missing parameter(s) seg_lens" in signature_mismatch("sgemm_lora_a_fwd", short)
-    assert "missing parameter(s) *, batch_info" in signature_mismatch("sgemm_lora_a_fwd", torch_ops.sgemm_lora_a_fwd, ("batch_info",))
+    assert "parameter 7 is *, routing where the interface has *, batch_info" in signature_mismatch(
+        "sgemm_lora_a_fwd", torch_ops.sgemm_lora_a_fwd, ("batch_info",)
+    )
+    assert "missing parameter(s) *, batch_info" in signature_mismatch("embedding_lora_a_fwd", torch_ops.embedding_lora_a_fwd, ("batch_info",))
     assert "extra parameter(s) *, batch_info" in signature_mismatch("sgemm_lora_a_fwd", triton_ops.sgemm_lora_a_fwd)
     assert signature_mismatch("sgemm_lora_b_fwd", torch_ops.sgemm_lora_a_fwd) is not None
 

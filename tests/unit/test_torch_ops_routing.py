@@ -99,7 +99,7 @@ def test_cpu_routes_on_the_host_except_small_problems_with_several_runs():
 
 def test_accelerator_tensors_never_read_index_tensors_on_the_host(monkeypatch):
     """On a device other than CPU the host routing is not even considered (it would synchronise)."""
-    monkeypatch.setattr(host, "runs", None)  # any host routing would fail
+    monkeypatch.setattr(host, "read_runs", None)  # any host routing would fail
     p = decode_batch()
     meta = {k: v.to("meta") for k, v in p["common"].items()}
     out = torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"].to("meta"), p["a"].to("meta"), 3, 2, permutation=p["permutation"].to("meta"), **meta)
@@ -131,30 +131,32 @@ def test_host_routing_reads_contiguous_runs_in_place(monkeypatch):
     assert not ops.calls["index_select"] and not ops.calls["index_add"] and not ops.calls["index_copy"]
 
 
-def test_begin_batch_computes_routing_once_per_batch_and_afresh_for_the_next(monkeypatch):
-    """Every layer calls the ops with the same index tensors: after begin_batch() the routing
-    kernels run once; the next begin_batch() forgets it, so refilled index tensors are read anew."""
+def test_a_routing_cache_computes_routing_once_per_batch_and_a_new_one_afresh(monkeypatch):
+    """Every layer calls the ops with the same index tensors: through one RoutingCache the routing
+    kernels run once; a new cache (the next batch's) reads refilled index tensors anew; without
+    one, each call computes its own routing."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
     p = decode_batch()
 
-    def run():  # a fresh view of the permutation each call, as the backend passes it
-        return torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"], p["a"], 3, 2, permutation=p["permutation"][:64], **p["common"])
+    def run(routing=None):  # a fresh view of the permutation each call, as the backend passes it
+        return torch_ops.chunked_sgmv_lora_shrink_fwd(
+            p["x"], p["a"], 3, 2, permutation=p["permutation"][:64], **p["common"], routing=routing
+        )
 
     with OpCounter() as uncached:
         first = [run() for _ in range(3)]
-    torch_ops.begin_batch()
+    routing = torch_ops.RoutingCache()
     with OpCounter() as cached:
-        again = [run() for _ in range(3)]
+        again = [run(routing) for _ in range(3)]
     assert uncached.calls["searchsorted"] == 3 and cached.calls["searchsorted"] == 1
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     # The next batch refills the same buffers in place (as SGLang's graph buffers are).
     p["common"]["weight_indices"].copy_(torch.tensor([1, 0], dtype=torch.int32))
-    torch_ops.begin_batch()
-    swapped = run()
     expected = torch.where(
         (torch.arange(64) % 2 == 0).unsqueeze(1), p["x"] @ p["a"][1].t(), p["x"] @ p["a"][0].t()
     )
-    assert torch.allclose(swapped, expected, atol=1e-4)
+    assert torch.allclose(run(torch_ops.RoutingCache()), expected, atol=1e-4)
+    assert torch.allclose(run(), expected, atol=1e-4)
 
 
 def test_an_overflowing_adapter_leaves_other_rows_alone(routing):

@@ -195,11 +195,11 @@ class BatchRoute:
         if self.permuted:
             gate_up_spaced = "chunked_sgmv_lora_expand_fwd" in spaced
             if chunked is not None:
-                self.shrink, self.expand = self._shrink_chunked, self._expand_chunked
-                self.expand_slices, self._gate_up = self._expand_slices_chunked, self._expand_gate_up_chunked
+                self.shrink, self.expand = self._shrink_csgmv, self._expand_csgmv
+                self.expand_slices, self._gate_up = self._expand_slices_csgmv, self._expand_gate_up_csgmv
             else:
                 self.shrink, self.expand = ops.chunked_sgmv_lora_shrink_fwd, ops.chunked_expand_one_band
-                self.expand_slices = self._expand_slices_spaced if gate_up_spaced else ops.chunked_sgmv_lora_expand_fwd
+                self.expand_slices = self._expand_slices_chunked_sgmv if gate_up_spaced else ops.chunked_sgmv_lora_expand_fwd
                 self._gate_up = ops.chunked_expand_two_bands
         else:
             self.shrink, self.expand = ops.sgemm_lora_a_fwd, ops.sgemm_lora_b_fwd
@@ -225,7 +225,7 @@ class BatchRoute:
     def _expand_gate_up_spaced(self, x, weights, output_dim, base_output):
         return self._gate_up(self._spaced_input(x, 2), weights, output_dim, base_output)
 
-    def _expand_slices_spaced(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+    def _expand_slices_chunked_sgmv(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
         """The chunked expand, its input spaced first where its provider reads spaced slices."""
         if num_slices > 1 and "chunked_sgmv_lora_expand_fwd" in self._spaced:
             x = self._spaced_input(x, num_slices)
@@ -237,17 +237,17 @@ class BatchRoute:
             if "qkv_lora_b_fwd" in self._spaced:
                 x = self._spaced_input(x, 3)
             return self._ops.qkv_lora_b_fwd(x, weights, slice_offsets, max_slice_size, base_output)
-        return self._expand_slices_spaced(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
+        return self._expand_slices_chunked_sgmv(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
 
     # --- permuted batches on SGLang's chunked-SGMV kernels (ChunkedDecodeRule) -------------------
 
-    def _shrink_chunked(self, x, weights, num_slices):
+    def _shrink_csgmv(self, x, weights, num_slices):
         rows = x.shape[0]
         if self._chunked.rule.applies(rows):
             return triton_ops.csgmv_shrink_fwd(x, weights, num_slices, batch_info=self._chunked.batch_info(rows))
         return self._ops.chunked_sgmv_lora_shrink_fwd(x, weights, num_slices)
 
-    def _expand_slices_chunked(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
+    def _expand_slices_csgmv(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
         rows = x.shape[0]  # the shrink's rows: both take the same branch
         if self._chunked.rule.applies(rows):
             return triton_ops.csgmv_expand_fwd(
@@ -255,9 +255,9 @@ class BatchRoute:
             )
         return self._ops.chunked_sgmv_lora_expand_fwd(x, weights, slice_offsets, max_slice_size, num_slices, base_output)
 
-    def _expand_chunked(self, x, weights, base_output):
+    def _expand_csgmv(self, x, weights, base_output):
         out_dim = weights.shape[-2]
-        return self._expand_slices_chunked(x, weights, self._uniform_offsets(1, out_dim), out_dim, 1, base_output)
+        return self._expand_slices_csgmv(x, weights, self._uniform_offsets(1, out_dim), out_dim, 1, base_output)
 
-    def _expand_gate_up_chunked(self, x, weights, output_dim, base_output):
-        return self._expand_slices_chunked(x, weights, self._uniform_offsets(2, output_dim), output_dim, 2, base_output)
+    def _expand_gate_up_csgmv(self, x, weights, output_dim, base_output):
+        return self._expand_slices_csgmv(x, weights, self._uniform_offsets(2, output_dim), output_dim, 2, base_output)

@@ -57,7 +57,7 @@ from sglang_xpu_lora.backend.batch_routes import (
     chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import SelectionLog, capture_probe, native, select_ops, torch_ops, triton_ops
+from sglang_xpu_lora.providers import SelectionLog, capture_probe, native, select_ops, triton_ops
 from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
 from sglang_xpu_lora.providers.triton_ops import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
@@ -106,7 +106,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
         self._last_info: Optional[LoRABatchInfo] = None  # the batch info of the last route used (:meth:`_route`)
         self._last_route: Optional[BatchRoute] = None
-        self._slice_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
+        self._kept_uniform_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
         self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
         #: plugin's pool hook (:meth:`use_memory_pool`); None until then.
@@ -229,13 +229,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
-        Also starts a new batch for the portable ops' routing cache (:func:`torch_ops.begin_batch`)
-        and for the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, slice-spacing
-        indices), so both are computed once per batch rather than once per op. The first batch after
-        the manager built its pool checks the pool first (:meth:`_check_memory_pool`).
+        Also starts the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, with the
+        portable ops' routing cache and the slice-spacing indices of this batch), so what depends
+        only on the batch is computed once per batch rather than once per op; everything of the
+        batch lives on this backend's routes, nothing in the process. The first batch after the
+        manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
         self._check_memory_pool()
-        torch_ops.begin_batch()
         super().prepare_lora_batch(
             forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph,
             use_prefill_cuda_graph=use_prefill_cuda_graph,
@@ -246,7 +246,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
         self._check_memory_pool()
-        torch_ops.begin_batch()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
         self._prepare_routes()
@@ -335,11 +334,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and
         kept (a captured graph reads its address). Built during a capture (never before in eager),
         it is recorded in that graph and not kept, since its values exist only once the graph runs."""
-        offsets = self._slice_offsets.get((num_slices, slice_size))
+        offsets = self._kept_uniform_offsets.get((num_slices, slice_size))
         if offsets is None:
             offsets = torch.arange(num_slices + 1, dtype=torch.int32, device=self.device) * slice_size
             if not capturing(offsets.device):
-                self._slice_offsets[(num_slices, slice_size)] = offsets
+                self._kept_uniform_offsets[(num_slices, slice_size)] = offsets
         return offsets
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------

@@ -177,11 +177,14 @@ def parameters(op: str) -> tuple[str, ...]:
 def signature_mismatch(op: str, function: Callable, keyword_only: tuple[str, ...] = ()) -> Optional[str]:
     """How ``function``'s signature differs from the interface's ``op`` (names, order, kinds,
     defaults and annotations as written), or None when it matches. ``keyword_only`` names the
-    keyword-only parameters a provider adds after the interface's (the Triton ops' ``batch_info``)."""
+    keyword-only parameters a provider adds after the interface's (the Triton ops' ``batch_info``, the
+    portable ops' ``routing``), compared by name and kind only."""
     expected = list(signature(op).parameters.values())
     expected += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in keyword_only]
     actual = list(inspect.signature(function).parameters.values())
     for position, (want, got) in enumerate(zip(expected, actual)):
+        if want.name in keyword_only:  # a provider's own keyword: its name and kind are the contract
+            got = got.replace(default=inspect.Parameter.empty, annotation=inspect.Parameter.empty)
         if (want.name, want.kind, want.default) != (got.name, got.kind, got.default) or (
             want.annotation is not inspect.Parameter.empty and str(want.annotation) != str(got.annotation)
         ):
@@ -259,6 +262,9 @@ class Provider:
             capture at graph set-up (:mod:`.capture_probe`); otherwise its ops are capture-safe.
         last_resort: it runs anywhere and serves what nothing else serves (slowly): choosing it
             is logged as a warning, and it alone never lets ``intel_xpu`` run off ``xpu``.
+        caches_routing: its ops take a keyword-only ``routing``, the batch's
+            :class:`~.torch_routing.cache.RoutingCache`, so each batch's routing is computed once
+            for all of its layers (:mod:`.batch_binding` passes one per batch).
     """
 
     name: str
@@ -268,6 +274,7 @@ class Provider:
     shrink_feeds_only_own_expands: bool = False
     capture_by_trial: bool = False
     last_resort: bool = False
+    caches_routing: bool = False
 
     def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
         """An :class:`Offer` per op of :data:`OP_NAMES` on a device of type ``device_kind`` (None:

@@ -18,15 +18,20 @@ How an op is bound depends on its provider (:meth:`.base.Provider.bind_to_batch`
 The embedding op is not bound (one call per forward; the backend calls the table entry).
 Binding reads no device memory on the host and creates no tensors. A bound Triton op calls its
 kernel and nothing else; a bound native or portable permuted op adds the ``permutation[:rows]``
-view, made at its first use per row count and kept for the batch.
+view, made at its first use per row count and kept for the batch. The portable ops of one
+binding share a :class:`~.torch_routing.cache.RoutingCache`, made with it: the batch's routing is
+computed by the first layer and reused by the others, and it lives exactly as long as the batch's
+bound ops (no process state: another backend's batches have their own).
 """
 
 from __future__ import annotations
 
 import types
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+
+from sglang_xpu_lora.providers.torch_routing.cache import RoutingCache
 
 #: Per-call parameters of each batch-bound op, in call order (names as in :mod:`.base`).
 BOUND_PARAMETERS = {
@@ -64,15 +69,18 @@ def batch_arguments(op: str, info) -> dict:
     return fixed
 
 
-def bind_keywords(op: str, fn: Callable[..., torch.Tensor], info) -> Callable[..., torch.Tensor]:
+def bind_keywords(op: str, fn: Callable[..., torch.Tensor], info, routing: Optional[RoutingCache] = None) -> Callable[..., torch.Tensor]:
     """``fn``, an op with the interface's keyword signature plus ``batch_info`` (an op-table entry
     of the native or portable provider), bound to the batch ``info``: the result takes the
     per-call arguments of :data:`BOUND_PARAMETERS` ``[op]`` positionally.
 
     A chunked op gets ``info.permutation[:rows]`` (None for contiguous batches), ``rows`` being
-    ``input_x``'s row count, sliced once per row count.
+    ``input_x``'s row count, sliced once per row count. ``routing``: the batch's routing cache,
+    passed to ``fn`` as the keyword ``routing`` (portable ops only).
     """
     names, fixed = BOUND_PARAMETERS[op], batch_arguments(op, info)
+    if routing is not None:
+        fixed["routing"] = routing
     permutation = info.permutation if op in CHUNKED_OPS else None
     if permutation is None:
         if op in CHUNKED_OPS:
@@ -118,7 +126,8 @@ def bind_uniform_bands(bands: int, expand: Callable[..., torch.Tensor], uniform_
 def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offsets, names) -> types.SimpleNamespace:
     """The ops of :data:`BOUND_PARAMETERS` and the forms of :data:`UNIFORM_BAND_FORMS` named in
     ``names`` (a form needs ``chunked_sgmv_lora_expand_fwd`` named too) of the op table ``table``,
-    bound to the batch ``info``.
+    bound to the batch ``info``; the ops of providers that cache routing
+    (:attr:`.base.Provider.caches_routing`) share one new :class:`RoutingCache`.
 
     Args:
         table: an op table (:class:`.selection.OpSelection` ``eager`` or ``graph``).
@@ -131,7 +140,7 @@ def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offset
     Returns:
         A namespace with one batch-bound callable per name.
     """
-    bound = {}
+    bound, routing = {}, RoutingCache()
     for name in names:
         op = "chunked_sgmv_lora_expand_fwd" if name in UNIFORM_BAND_FORMS else name
         own = choices[op].provider.bind_to_batch(name, info)
@@ -140,5 +149,6 @@ def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offset
         elif name in UNIFORM_BAND_FORMS:
             bound[name] = bind_uniform_bands(UNIFORM_BAND_FORMS[name], bound[op], uniform_offsets)
         else:
-            bound[name] = bind_keywords(name, getattr(table, name), info)
+            caching = choices[op].provider.caches_routing
+            bound[name] = bind_keywords(name, getattr(table, name), info, routing if caching else None)
     return types.SimpleNamespace(**bound)

@@ -9,8 +9,10 @@ picks one of two routing strategies per op (:func:`routes_on_host`); both give t
 * **on the host** (:mod:`.torch_routing.host`): CPU tensors; one GEMM per run of a slot, over
   the slot's real rank.
 
-Each batch's routing is computed once and reused by every layer after :func:`begin_batch`
-(:mod:`.torch_routing.cache`).
+Beyond the interface, the GEMM ops take the keyword-only ``routing``: the batch's
+:class:`~.torch_routing.cache.RoutingCache`, through which every layer of a batch reuses the
+routing the first one computed (the backend passes one per batch with its bound ops,
+:mod:`.batch_binding`); without it, each call computes its own routing.
 
 Common semantics: rows that belong to no segment get no LoRA contribution; ``scalings`` is applied
 in fp32 after the expand GEMM, then ``base_output`` is added and the sum cast to ``input_x.dtype``.
@@ -40,10 +42,10 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from sglang_xpu_lora.providers.base import OP_NAMES, Offer, Provider, ignoring_batch_info
-from sglang_xpu_lora.providers.torch_routing import cache, device, host
-from sglang_xpu_lora.providers.torch_routing.cache import begin_batch
+from sglang_xpu_lora.providers.torch_routing import device, host
+from sglang_xpu_lora.providers.torch_routing.cache import RoutingCache
 
-__all__ = ["PROVIDER", "begin_batch", *OP_NAMES]
+__all__ = ["PROVIDER", "RoutingCache", *OP_NAMES]
 
 
 #: On CPU, problems at most this small take the device routing (see :func:`routes_on_host`).
@@ -67,34 +69,38 @@ def routes_on_host(x: torch.Tensor, weights: torch.Tensor, count_runs: Callable[
     return size > SMALL_PROBLEM_WEIGHTS or size * x.shape[0] > SMALL_PROBLEM_MACS or count_runs() <= 1
 
 
-def _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, max_rank: int):
-    """:class:`host.Runs` (host routing) or :class:`device.DeviceRoutes` for an op's batch."""
+def _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, max_rank: int, routing: Optional[RoutingCache]):
+    """:class:`host.HostRoutes` (host routing) or :class:`device.DeviceRoutes` for an op's batch, through
+    the batch's ``routing`` cache when given."""
     num_rows, num_slots = x.shape[0], weights.shape[0]
 
-    def host_runs() -> host.Runs:
-        return cache.cached(
+    def cached(kind: str, index_tensors: tuple, shape_key: tuple, build):
+        return build() if routing is None else routing.cached(kind, index_tensors, shape_key, build)
+
+    def host_routes() -> host.HostRoutes:
+        return cached(
             "host", (seg_indptr, weight_indices, lora_ranks, permutation), (num_rows, num_slots, max_rank),
-            lambda: host.runs(seg_indptr, weight_indices, lora_ranks, num_rows, max_rank, permutation),
+            lambda: host.read_runs(seg_indptr, weight_indices, lora_ranks, num_rows, max_rank, permutation),
         )
 
-    if routes_on_host(x, weights, lambda: len(host_runs().runs)):
-        return host_runs()
-    return cache.cached(
+    if routes_on_host(x, weights, lambda: len(host_routes().runs)):
+        return host_routes()
+    return cached(
         "device", (seg_indptr, weight_indices, permutation), (num_rows,),
         lambda: device.DeviceRoutes(device.row_slots(seg_indptr, weight_indices, num_rows, permutation)),
     )
 
 
-def _shrink(x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation=None) -> torch.Tensor:
-    routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[1] // num_slices)
-    if isinstance(routes, host.Runs):
+def _shrink(x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation, routing) -> torch.Tensor:
+    routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[1] // num_slices, routing)
+    if isinstance(routes, host.HostRoutes):
         return host.shrink(x, weights, routes, num_slices)
     return device.shrink(x, weights, routes)
 
 
 def _expand(
     x, weights, seg_indptr, weight_indices, lora_ranks, permutation, scalings, num_slices, base_output, *,
-    bands=None, slice_offsets=None, widest: Optional[int] = None,
+    bands=None, slice_offsets=None, widest: Optional[int] = None, routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """The expand of every B op. Slice bands are host ``bands``, or the device ``slice_offsets``
     with ``widest`` the widest band: ``num_slices`` bands of at most ``widest`` columns that add up
@@ -102,8 +108,8 @@ def _expand(
     known on the host without reading ``slice_offsets``."""
     if bands is None and widest is not None and num_slices * widest == weights.shape[1]:
         bands = [(p * widest, (p + 1) * widest) for p in range(num_slices)]
-    routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[2])
-    if isinstance(routes, host.Runs):
+    routes = _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, weights.shape[2], routing)
+    if isinstance(routes, host.HostRoutes):
         if bands is None:
             edges = slice_offsets.tolist()
             bands = list(zip(edges[:-1], edges[1:]))
@@ -189,6 +195,8 @@ def sgemm_lora_a_fwd(
     weight_indices: torch.Tensor,
     lora_ranks: torch.Tensor,
     seg_lens: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Segmented LoRA shrink over contiguous segments: ``out[t] = x[t] @ weights[l]^T``.
 
@@ -204,7 +212,7 @@ def sgemm_lora_a_fwd(
     """
     _check(num_slices > 0 and weights.shape[1] % num_slices == 0, "weights.size(1) must be a multiple of num_slices > 0")
     _check(input_x.shape[1] == weights.shape[2], f"input_x.size(1)={input_x.shape[1]} != weights.size(2)={weights.shape[2]}")
-    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks)
+    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, None, routing)
 
 
 def sgemm_lora_b_fwd(
@@ -216,6 +224,8 @@ def sgemm_lora_b_fwd(
     scalings: torch.Tensor,
     seg_lens: Optional[torch.Tensor] = None,
     base_output: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Segmented LoRA expand: ``out[t] = scalings[l] * x[t] @ weights[l]^T (+ base_output[t])``.
 
@@ -230,7 +240,7 @@ def sgemm_lora_b_fwd(
     _check_expand_input(input_x, weights, 1, base_output)
     return _expand(
         input_x, weights, seg_indptr, weight_indices, lora_ranks, None, scalings, 1, base_output,
-        bands=[(0, weights.shape[1])],
+        bands=[(0, weights.shape[1])], routing=routing,
     )
 
 
@@ -245,6 +255,8 @@ def qkv_lora_b_fwd(
     scalings: torch.Tensor,
     seg_lens: Optional[torch.Tensor] = None,
     base_output: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Segmented expand for fused q/k/v: band p of the output uses column band p of input_x.
 
@@ -261,7 +273,7 @@ def qkv_lora_b_fwd(
     _check_expand_input(input_x, qkv_lora_b, 3, base_output)
     return _expand(
         input_x, qkv_lora_b, seg_indptr, weight_indices, lora_ranks, None, scalings, 3, base_output,
-        slice_offsets=output_offset, widest=max_qkv_out_dim,
+        slice_offsets=output_offset, widest=max_qkv_out_dim, routing=routing,
     )
 
 
@@ -275,6 +287,8 @@ def gate_up_lora_b_fwd(
     scalings: torch.Tensor,
     seg_lens: Optional[torch.Tensor] = None,
     base_output: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Segmented expand for fused gate/up: two equal bands of width ``output_dim``.
 
@@ -292,7 +306,7 @@ def gate_up_lora_b_fwd(
     _check_expand_input(input_x, gate_up_lora_b, 2, base_output)
     bands = [(0, output_dim), (output_dim, 2 * output_dim)]
     return _expand(
-        input_x, gate_up_lora_b, seg_indptr, weight_indices, lora_ranks, None, scalings, 2, base_output, bands=bands
+        input_x, gate_up_lora_b, seg_indptr, weight_indices, lora_ranks, None, scalings, 2, base_output, bands=bands, routing=routing
     )
 
 
@@ -305,6 +319,8 @@ def chunked_sgmv_lora_shrink_fwd(
     weight_indices: torch.Tensor,
     lora_ranks: torch.Tensor,
     permutation: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Chunked-SGMV shrink: like :func:`sgemm_lora_a_fwd`, with segments in permuted order.
 
@@ -318,7 +334,7 @@ def chunked_sgmv_lora_shrink_fwd(
     """
     _check(num_slices > 0 and weights.shape[1] % num_slices == 0, "weights.size(1) must be a multiple of num_slices > 0")
     _check(input_x.shape[1] == weights.shape[2], f"input_x.size(1)={input_x.shape[1]} != weights.size(2)={weights.shape[2]}")
-    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation)
+    return _shrink(input_x, weights, num_slices, seg_indptr, weight_indices, lora_ranks, permutation, routing)
 
 
 def chunked_sgmv_lora_expand_fwd(
@@ -334,6 +350,8 @@ def chunked_sgmv_lora_expand_fwd(
     scalings: torch.Tensor,
     permutation: Optional[torch.Tensor] = None,
     base_output: Optional[torch.Tensor] = None,
+    *,
+    routing: Optional[RoutingCache] = None,
 ) -> torch.Tensor:
     """Chunked-SGMV expand over ``num_slices`` bands given by ``slice_offsets``.
 
@@ -357,7 +375,7 @@ def chunked_sgmv_lora_expand_fwd(
     _check_expand_input(input_x, weights, num_slices, base_output)
     return _expand(
         input_x, weights, seg_indptr, weight_indices, lora_ranks, permutation, scalings, num_slices, base_output,
-        slice_offsets=slice_offsets, widest=max_slice_size,
+        slice_offsets=slice_offsets, widest=max_slice_size, routing=routing,
     )
 
 
@@ -370,4 +388,5 @@ class PortableProvider(Provider):
 
 PROVIDER = PortableProvider(
     name="torch", title="portable op", contracts_over_max_rank=True, expands_read_spaced_slices=True, last_resort=True,
+    caches_routing=True,
 )

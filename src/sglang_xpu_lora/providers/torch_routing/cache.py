@@ -1,10 +1,14 @@
-"""The per-batch routing cache: each batch's routing computed once, not once per op.
+"""The portable ops' routing of one batch, computed once rather than once per op (:class:`RoutingCache`).
 
 SGLang's LoRA layers call the ops with the same index tensors (``seg_indptr``, ``weight_indices``,
-``permutation``) in every layer of a forward pass. Between two :func:`begin_batch` calls each
-distinct routing is built once and reused. This is the one piece of process state of the portable
-ops; it holds routing only (derived from index tensors), never weights, and is keyed by the
-identity of the index tensors it was built from.
+``permutation``) in every layer of a forward pass. A :class:`RoutingCache` belongs to one batch: the
+backend makes a new one with each batch's bound ops
+(:func:`sglang_xpu_lora.providers.batch_binding.bind_table`), which hand it to the portable ops with
+each call (their keyword ``routing``), so each distinct routing of the batch is built once. It
+holds routing only (derived from index tensors), never weights, keyed by the identity of the index
+tensors it was built from. Nothing here is process state: two backends in one process (target and
+draft under speculative decoding) each have their own batches' caches, and a caller that passes
+none gets routing computed for its call alone.
 """
 
 from __future__ import annotations
@@ -15,20 +19,9 @@ import torch
 
 Routes = TypeVar("Routes")
 
-_batch_routes: Optional[dict] = None  #: routing of the current batch; None until begin_batch()
-_MAX_CACHED_ROUTES = 64
-
-
-def begin_batch() -> None:
-    """Start a new batch: forget the routing cached for the previous one.
-
-    ``IntelXpuLoRABackend`` calls it whenever it prepares a batch, before the index tensors are
-    refilled; routing computed while a CUDA/XPU graph is being captured is kept apart from eager
-    routing, so a captured graph recomputes it on every replay. Before the first call (direct use
-    of the ops) every op computes its own routing.
-    """
-    global _batch_routes
-    _batch_routes = {}
+#: Distinct routings one cache keeps at most (a batch has a handful: per batch info, row count and
+#: routing kind); past it the cache starts over, so a misuse cannot grow it without bound.
+MAX_CACHED_ROUTES = 64
 
 
 def capturing(device: torch.device) -> bool:
@@ -49,19 +42,29 @@ def _identity(tensor: Optional[torch.Tensor]):
     return id(tensor)
 
 
-def cached(kind: str, index_tensors: tuple, shape_key: tuple, build: Callable[[], Routes]) -> Routes:
-    """``build()``, through the batch cache when it is on (see :func:`begin_batch`).
+class RoutingCache:
+    """The routing computed for one batch, reused by every layer of it.
 
-    ``index_tensors``: the tensors (or None) the routing reads, first one on the routing's device;
-    ``shape_key``: the host values it depends on (row count, slot count...). The tensors are kept
-    alive with the entry, so their ids stay valid while it is cached.
+    Make one per batch, after the batch's index tensors are filled (a refill in place is a new
+    batch: make a new cache). Routing computed while a CUDA/XPU graph is being captured is kept
+    apart from eager routing of the same tensors, so a captured graph computes its own, which it
+    recomputes on every replay, rather than reading values a warm-up run left behind.
     """
-    if _batch_routes is None:
-        return build()
-    key = (kind, *(_identity(t) for t in index_tensors), *shape_key, capturing(index_tensors[0].device))
-    entry = _batch_routes.get(key)
-    if entry is None:
-        if len(_batch_routes) >= _MAX_CACHED_ROUTES:
-            _batch_routes.clear()
-        entry = _batch_routes[key] = (build(), index_tensors)
-    return entry[0]
+
+    def __init__(self):
+        self._routes: dict = {}  # key -> (routes, index tensors kept alive so their ids stay valid)
+
+    def cached(self, kind: str, index_tensors: tuple, shape_key: tuple, build: Callable[[], Routes]) -> Routes:
+        """``build()``, computed once per key in this batch.
+
+        ``kind``: which routing (``"host"``, ``"device"``); ``index_tensors``: the tensors (or None)
+        the routing reads, first one on the routing's device; ``shape_key``: the host values it
+        depends on (row count, slot count...).
+        """
+        key = (kind, *(_identity(t) for t in index_tensors), *shape_key, capturing(index_tensors[0].device))
+        entry = self._routes.get(key)
+        if entry is None:
+            if len(self._routes) >= MAX_CACHED_ROUTES:
+                self._routes.clear()
+            entry = self._routes[key] = (build(), index_tensors)
+        return entry[0]

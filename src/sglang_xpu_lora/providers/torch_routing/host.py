@@ -25,8 +25,9 @@ Rows = Union[slice, torch.Tensor]  #: a run's physical rows: a slice, or (n,) in
 
 
 @dataclasses.dataclass(frozen=True)
-class Runs:
-    """A batch as runs of rows that share a slot, read on the host: ``((rows, slot, rank), ...)``.
+class HostRoutes:
+    """A batch's routing read on the host: its runs of rows that share a slot, ``runs`` =
+    ``((rows, slot, rank), ...)``.
 
     ``rows`` is a ``slice`` of physical rows when the run is contiguous (no permutation, or an
     identity one), else the run's physical row indices ((n,) int64, from the permutation);
@@ -41,9 +42,10 @@ class Runs:
         return self.num_covered == num_rows
 
 
-def runs(seg_indptr, weight_indices, lora_ranks, num_rows: int, max_rank: int, permutation=None) -> Runs:
-    """Runs of a batch (see :func:`.device.row_slots` for the segment and permutation semantics):
-    consecutive segments of one slot merge into one run; empty segments are dropped."""
+def read_runs(seg_indptr, weight_indices, lora_ranks, num_rows: int, max_rank: int, permutation=None) -> HostRoutes:
+    """The runs of a batch, read on the host (see :func:`.device.row_slots` for the segment and
+    permutation semantics): consecutive segments of one slot merge into one run; empty segments
+    are dropped."""
     bounds = [min(max(b, 0), num_rows) for b in seg_indptr.tolist()]
     slots = weight_indices.tolist()
     ranks = lora_ranks.tolist()
@@ -65,8 +67,8 @@ def runs(seg_indptr, weight_indices, lora_ranks, num_rows: int, max_rank: int, p
         low, high = merged[0][0], merged[-1][1]
         order = permutation[low:high].to(torch.int64)
         if not torch.equal(order, torch.arange(low, high)):
-            return Runs(tuple((order[start - low : end - low], slot, rank(slot)) for start, end, slot in merged), covered)
-    return Runs(tuple((slice(start, end), slot, rank(slot)) for start, end, slot in merged), covered)
+            return HostRoutes(tuple((order[start - low : end - low], slot, rank(slot)) for start, end, slot in merged), covered)
+    return HostRoutes(tuple((slice(start, end), slot, rank(slot)) for start, end, slot in merged), covered)
 
 
 def _take(tensor: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -82,13 +84,13 @@ def _put(out: torch.Tensor, rows: Rows, values: torch.Tensor) -> None:
         out.index_copy_(0, rows, values.to(out.dtype))
 
 
-def tile(bands: Sequence[tuple[int, int]], width: int) -> bool:
+def bands_tile(bands: Sequence[tuple[int, int]], width: int) -> bool:
     """Whether ``bands`` are consecutive and cover ``[0, width)``."""
     edges = [edge for band in bands for edge in band]
     return edges[0] == 0 and edges[-1] == width and all(a == b for a, b in zip(edges[1:-1:2], edges[2::2]))
 
 
-def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int) -> torch.Tensor:
+def shrink(x: torch.Tensor, weights: torch.Tensor, routes: HostRoutes, num_slices: int) -> torch.Tensor:
     """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside runs: one GEMM per run, over its rank.
 
     x: (T, K); weights: (L, S * R, K) in SGLang's packed layout (a rank-``r`` slot's slice ``p`` at
@@ -99,9 +101,9 @@ def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int)
     """
     num_rows, width = x.shape[0], weights.shape[1]
     max_rank = width // num_slices
-    full = all(rank == max_rank for _, _, rank in batch.runs) and batch.covers(num_rows)
+    full = all(rank == max_rank for _, _, rank in routes.runs) and routes.covers(num_rows)
     out = x.new_empty((num_rows, width)) if full else x.new_zeros((num_rows, width))
-    for rows, slot, rank in batch.runs:
+    for rows, slot, rank in routes.runs:
         if rank == 0:
             continue
         columns = slice(0, num_slices * rank)
@@ -119,7 +121,7 @@ def shrink(x: torch.Tensor, weights: torch.Tensor, batch: Runs, num_slices: int)
 def expand(
     x: torch.Tensor,
     weights: torch.Tensor,
-    batch: Runs,
+    routes: HostRoutes,
     scalings: torch.Tensor,
     bands: Sequence[tuple[int, int]],
     base_output: Optional[torch.Tensor],
@@ -140,17 +142,17 @@ def expand(
         ValueError: if the slice bands do not tile ``[0, N)`` (read from ``slice_offsets``).
     """
     num_rows, out_dim, max_rank = x.shape[0], weights.shape[1], weights.shape[2]
-    if not tile(bands, out_dim):
+    if not bands_tile(bands, out_dim):
         raise ValueError(f"slice offsets {bands} must tile the {out_dim} output columns from 0")
     scale = scalings.tolist()
     if base_output is not None:
         result = base_output if base_output.dtype == x.dtype else base_output.to(x.dtype)
-    elif batch.covers(num_rows):
+    elif routes.covers(num_rows):
         result = x.new_empty((num_rows, out_dim))
     else:
         result = x.new_zeros((num_rows, out_dim))
     fp32 = x.dtype == torch.float32
-    for rows, slot, rank in batch.runs:
+    for rows, slot, rank in routes.runs:
         if rank == 0:  # no LoRA: the base output (or zero), as the GEMM over no rank would give
             if base_output is None:
                 result[rows] = 0
