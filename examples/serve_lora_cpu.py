@@ -184,7 +184,7 @@ def check_chat(base_url: str, tokenizer, loras: list, params: dict) -> list[str]
         ok = got == expected and reply.usage.prompt_tokens == len(chat_ids)
         print(f"  /v1/chat/completions {lora or 'base':>8}: text equals /generate's on the templated prompt: {ok}")
         if not ok:
-            failures.append(f"/v1/chat/completions {lora}: {got!r} != {expected!r} ({reply.usage.prompt_tokens} prompt tokens)")
+            failures.append(f"/v1/chat/completions {lora}: {got!r} != {expected!r} ({reply.usage.prompt_tokens} prompt ids)")
     return failures
 
 

@@ -63,12 +63,17 @@ def problems(pip_check_lines: Iterable[str], absent: set[str], sglang_requires: 
             continue
         found.append(f"pip check: {line}")
     where = ABSENT_LIST.relative_to(ABSENT_LIST.parents[1])
-    found += [f"{where}: {name} is not a requirement of the installed SGLang; remove it" for name in sorted(absent - sglang_requires)]
+    found += [
+        f"{where}: {name} is not a requirement of the installed SGLang; remove it" for name in sorted(absent - sglang_requires)
+    ]
     return found
 
 
 def main() -> int:
-    report = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     absent = absent_names()
     found = problems((report.stdout + report.stderr).splitlines(), absent, requirement_names("sglang"))
     if found:

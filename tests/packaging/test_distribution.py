@@ -7,8 +7,9 @@ without build isolation, with the environment's setuptools, as distributions bui
   the PEP 639 licence, the build stops with one line that names the setuptools it needs (not a
   schema dump);
 - ``twine check --strict`` on both; every link of the long description (the README, the PyPI
-  page) is absolute, and those into this repository name a file or folder it has; the wheel's metadata (SPDX licence and its file, Python
-  requirement, classifiers, Project-URLs) and contents (the package only, never the dev shims);
+  page) is absolute, and those into this repository name a file or folder it has; the wheel's
+  metadata (SPDX licence and its file, Python requirement, classifiers, Project-URLs) and contents
+  (the package only, never the dev shims);
 - the sdist holds every tracked file but the CI hook (so the tests can run from it);
 - the wheel is byte-for-byte reproducible under ``SOURCE_DATE_EPOCH``; the sdist's files and
   contents are (setuptools does not apply ``SOURCE_DATE_EPOCH`` to sdists, pypa/setuptools#2133);
@@ -100,7 +101,8 @@ def test_build_with_debian_12_setuptools_fails_with_one_line(dist, tmp_path):
     _, _, _, source = dist
     run([sys.executable, "-m", "venv", tmp_path / "venv"], timeout=120)
     python = tmp_path / "venv" / "bin" / "python"
-    run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"setuptools=={OLD_SETUPTOOLS}", "build==1.3.0"], timeout=300)
+    run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"setuptools=={OLD_SETUPTOOLS}", "build==1.3.0"],
+        timeout=300)
     for what in ("--sdist", "--wheel"):
         result = subprocess.run(
             [python, "-m", "build", "--no-isolation", what, "--outdir", tmp_path / "out", source],
