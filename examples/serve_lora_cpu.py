@@ -8,7 +8,10 @@
 3. Compares the first token's log-probabilities over the whole vocabulary and 16 greedy tokens with
    Hugging Face transformers + PEFT.
 4. Starts "sglang serve" on 127.0.0.1, checks /generate and /v1/completions against the engine's
-   tokens, and stops the server.
+   tokens, and /v1/chat/completions (through the OpenAI client, model "tiny-llama:<adapter>")
+   against /generate on the chat-templated prompt, and stops the server. The tiny tokenizer has no
+   chat template, so the server gets a minimal one (--chat-template); an instruction-tuned model
+   brings its own.
 
 The exit status is 0 when every check passes. The completions are gibberish on purpose (the model
 is tiny and random): what matters is that they equal the reference token for token.
@@ -27,6 +30,12 @@ from pathlib import Path
 
 PROMPT = "def main(self):"
 LOGPROB_TOLERANCE = 1e-4  # float32 engine vs float32 transformers, same weights
+#: A minimal chat template for the tiny tokenizer, which has none (see the docstring).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MESSAGES = [{"role": "user", "content": "Write a docstring for main."}]
 
 
 class Progress:
@@ -111,10 +120,12 @@ def main() -> int:
     else:
         port = serving.free_port()
         progress(f"starting sglang serve on 127.0.0.1:{port}")
-        argv = serving.server_argv(paths, adapters, port, tp_size=args.tp_size)
+        chat_template = args.artifacts / "chat_template.jinja"
+        chat_template.write_text(CHAT_TEMPLATE)
+        argv = serving.server_argv(paths, adapters, port, tp_size=args.tp_size, chat_template=str(chat_template))
         log_path = args.artifacts / "sglang_serve.log"
         with serving.running_server(argv, port, env, log_path) as proc:
-            progress.note(f"server ready (pid {proc.pid}); sending /generate and /v1/completions")
+            progress.note(f"server ready (pid {proc.pid}); sending /generate, /v1/completions, /v1/chat/completions")
             base_url = f"http://127.0.0.1:{port}"
             params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
             generated = serving.post_json(
@@ -137,6 +148,7 @@ def main() -> int:
                 print(f"  /v1/completions  {lora:>8}: text equals the engine's tokens: {ok}")
                 if not ok:
                     failures.append(f"/v1/completions {lora}: {completion['choices'][0]['text']!r} != {expected!r}")
+            failures += check_chat(base_url, tokenizer, loras, params)
         progress.note(f"server (pid {proc.pid}) stopped with exit code {proc.returncode}")
 
     progress("summary")
@@ -145,6 +157,35 @@ def main() -> int:
         return 1
     print("OK: intel_xpu served every adapter and matched transformers + PEFT.")
     return 0
+
+
+def check_chat(base_url: str, tokenizer, loras: list, params: dict) -> list[str]:
+    """The README's OpenAI-client chat example for each of ``loras`` (``None``: the base model),
+    against ``/generate`` with the same adapter on the chat-templated prompt's token ids. Prints a
+    line per adapter; returns the failures."""
+    from openai import OpenAI
+
+    from sglang_cpu_devsupport import serving
+
+    chat_ids = tokenizer.apply_chat_template(
+        MESSAGES, chat_template=CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    generated = serving.post_json(
+        f"{base_url}/generate", {"input_ids": [chat_ids] * len(loras), "lora_path": loras, "sampling_params": params}
+    )
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY")
+    failures = []
+    for lora, out in zip(loras, generated):
+        reply = client.chat.completions.create(
+            model=f"tiny-llama:{lora}" if lora else "tiny-llama", messages=MESSAGES,
+            max_tokens=params["max_new_tokens"], temperature=0, extra_body={"ignore_eos": True},
+        )
+        got, expected = reply.choices[0].message.content, tokenizer.decode(out["output_ids"])
+        ok = got == expected and reply.usage.prompt_tokens == len(chat_ids)
+        print(f"  /v1/chat/completions {lora or 'base':>8}: text equals /generate's on the templated prompt: {ok}")
+        if not ok:
+            failures.append(f"/v1/chat/completions {lora}: {got!r} != {expected!r} ({reply.usage.prompt_tokens} prompt ids)")
+    return failures
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ def test_cpu_example(tiny_artifacts, tmp_path):
     lines = result.stdout.rstrip().splitlines()
     assert lines[-1] == "OK: intel_xpu served every adapter and matched transformers + PEFT.", result.stdout[-3000:]
     assert "starting sglang serve on 127.0.0.1:" in result.stdout
+    # The README's chat example (OpenAI client, model "<base>:<adapter>"), for the base and each adapter.
+    chat = [line.split(":", 1)[0].split()[-1] for line in lines if "/v1/chat/completions" in line and line.endswith(": True")]
+    assert chat == ["base", *tiny_model.ADAPTER_NAMES], result.stdout[-3000:]
     assert not [word for word in ALARMING if word in result.stdout], result.stdout[-3000:]
     assert left == [], f"the example left {left} behind"
 

@@ -3,8 +3,13 @@
 Builds the sdist from this checkout's files (tracked and not ignored) and the wheel from the sdist,
 without build isolation, with the environment's setuptools, as distributions build. Then:
 
-- ``twine check --strict`` on both; the wheel's metadata (SPDX licence and its file, Python
-  requirement, classifiers, Project-URLs) and contents (the package only, never the dev shims);
+- under setuptools 66.1.1 (Debian 12's; Ubuntu 24.04 ships 68.1), older than the 77 that reads
+  the PEP 639 licence, the build stops with one line that names the setuptools it needs (not a
+  schema dump);
+- ``twine check --strict`` on both; every link of the long description (the README, the PyPI
+  page) is absolute, and those into this repository name a file or folder it has; the wheel's
+  metadata (SPDX licence and its file, Python requirement, classifiers, Project-URLs) and contents
+  (the package only, never the dev shims);
 - the sdist holds every tracked file but the CI hook (so the tests can run from it);
 - the wheel is byte-for-byte reproducible under ``SOURCE_DATE_EPOCH``; the sdist's files and
   contents are (setuptools does not apply ``SOURCE_DATE_EPOCH`` to sdists, pypa/setuptools#2133);
@@ -84,9 +89,56 @@ def dist(tmp_path_factory):
     return sdist, wheel, unpacked, source
 
 
+#: What the in-tree build backend (build_backend/) says under a setuptools older than 77, and nothing more.
+OLD_SETUPTOOLS = "66.1.1"
+NEEDS_SETUPTOOLS = (
+    f"sglang-xpu-lora needs setuptools>=77 to build (pyproject.toml has a PEP 639 SPDX license), "
+    f"this environment has setuptools {OLD_SETUPTOOLS}: upgrade it, or build with build isolation"
+)
+
+
+def test_build_with_debian_12_setuptools_fails_with_one_line(dist, tmp_path):
+    _, _, _, source = dist
+    run([sys.executable, "-m", "venv", tmp_path / "venv"], timeout=120)
+    python = tmp_path / "venv" / "bin" / "python"
+    run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"setuptools=={OLD_SETUPTOOLS}", "build==1.3.0"],
+        timeout=300)
+    for what in ("--sdist", "--wheel"):
+        result = subprocess.run(
+            [python, "-m", "build", "--no-isolation", what, "--outdir", tmp_path / "out", source],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        )
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        assert result.returncode == 1, result.stdout
+        # build's own two lines (the step, the hook that stopped) around the backend's one line.
+        assert lines == [
+            f"* Getting build dependencies for {what[2:]}...",
+            NEEDS_SETUPTOOLS,
+            f"ERROR Backend subprocess exited when trying to invoke get_requires_for_build_{what[2:]}",
+        ], result.stdout
+
+
 def test_twine_check(dist):
     sdist, wheel, _, _ = dist
     run([sys.executable, "-m", "twine", "check", "--strict", sdist, wheel], timeout=120)
+
+
+def test_long_description_links_work_on_pypi(dist):
+    _, wheel, _, source = dist
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = Parser().parsestr(archive.read(f"{NAME}-{VERSION}.dist-info/METADATA").decode())
+    body = metadata.get_payload()
+    assert body.startswith("# sglang-xpu-lora\n")
+    targets = re.findall(r"\]\(([^)\s]+)\)", body) + re.findall(r"(?m)^\[[^\]]+\]:\s*(\S+)", body)
+    targets += re.findall(r"(?:href|src)=[\"']([^\"']+)", body)
+    assert [t for t in targets if not re.match(r"https?://", t)] == []
+    # Links into this repository follow the Source Project-URL and name what the checkout has.
+    (source_url,) = [url.split(", ", 1)[1] for url in metadata.get_all("Project-URL") if url.startswith("Source,")]
+    own = [t.split("#")[0] for t in targets if t.startswith(source_url)]
+    paths = [re.fullmatch(re.escape(source_url) + r"/(?:blob|tree)/main/(.+)", t) for t in own]
+    assert None not in paths, own
+    assert [m[1] for m in paths if not (source / m[1]).exists()] == []
+    assert len(own) >= 19
 
 
 def test_wheel_metadata_and_contents(dist):
