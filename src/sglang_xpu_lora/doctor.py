@@ -269,19 +269,26 @@ def reason_clauses(reason: str) -> list[str]:
     return [clause for clause in clauses + [reason[start:]] if clause]
 
 
-def grouped_reasons(ops: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    """Each reason clause of :func:`op_rows` once, with the ops it applies to, in the order first
-    met; a clause that applies only inside graphs is prefixed ``"inside graphs: "``."""
-    groups: dict[str, list[str]] = {}
+def grouped_reasons(ops: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each reason clause of :func:`op_rows` once, in the order first met, with the ops it applies
+    to as a phrase: ``"all 7 ops"``, or their names, an op whose clause holds only inside graphs
+    marked ``(in graphs)`` unless the clause says so itself."""
+    groups: dict[str, list[tuple[str, bool]]] = {}
     for op in ops:
         eager = reason_clauses(op["reason"])
         for clause in eager:
-            groups.setdefault(clause, []).append(op["op"])
+            groups.setdefault(clause, []).append((op["op"], False))
         for clause in reason_clauses(op["graph_reason"]):
             if clause not in eager:
-                label = clause if "inside graphs" in clause else f"inside graphs: {clause}"
-                groups.setdefault(label, []).append(op["op"])
-    return list(groups.items())
+                groups.setdefault(clause, []).append((op["op"], "inside graphs" not in clause))
+    phrased = []
+    for clause, members in groups.items():
+        if len(members) == len(ops) and not any(graphs_only for _, graphs_only in members):
+            which = f"all {len(ops)} ops"
+        else:
+            which = ", ".join(f"{name} (in graphs)" if graphs_only else name for name, graphs_only in members)
+        phrased.append((clause, which))
+    return phrased
 
 
 def render_ops(ops: list[dict[str, Any]]) -> list[str]:
@@ -294,8 +301,7 @@ def render_ops(ops: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe}")
     if ops:
         lines.append("Why (each reason once, with the ops it applies to):")
-    for clause, names in grouped_reasons(ops):
-        which = f"all {len(ops)} ops" if len(names) == len(ops) else ", ".join(names)
+    for clause, which in grouped_reasons(ops):
         lines += wrap(f"- {which}: {clause}", "  ", "    ")
     return lines
 
