@@ -67,7 +67,6 @@ def check_sglang(report: dict[str, Any], device: Optional[str]) -> None:
     """Import SGLang and run its plugin loading, as every SGLang process does (so kernel builds or
     shims that plugins register are seen exactly as the server sees them); what the plugins print
     on stderr is kept back and written once, without what the report says itself."""
-    from sglang_xpu_lora import plugin
     from sglang_xpu_lora.upstream import compat, targets
 
     started = time.perf_counter()
@@ -81,7 +80,7 @@ def check_sglang(report: dict[str, Any], device: Optional[str]) -> None:
     add_plugin_report(report)
     missing = compat.unresolved_targets() if report["problems"] else {}
     report["patch_points"] = [{"symbol": target, "found": target not in missing} for target in targets.ALL]
-    said = report["problems"] + report["plugin_errors"] + list(plugin.host_problems)
+    said = report["problems"] + report["plugin_errors"]
     for line in captured.getvalue().splitlines():
         if line.strip() and not any(text in line for text in said):
             print(line, file=sys.stderr)
@@ -146,8 +145,8 @@ def render_torch(report: dict[str, Any]) -> list[str]:
 def render_sglang(report: dict[str, Any]) -> list[str]:
     found = sum(p["found"] for p in report["patch_points"])
     lines = [
-        f"  SGLang        {report['sglang'] or 'not installed'} (supported {report['sglang_supported']}; "
-        f"imported with its plugins in {report['sglang_seconds']} s)",
+        f"  SGLang        {report['sglang'] or 'not installed'} (supported {report['sglang_supported']}), "
+        f"imported with its plugins in {report['sglang_seconds']} s",
         f"  patch points  {found}/{len(report['patch_points'])} found",
     ]
     return lines + render_plugins(report)
@@ -162,7 +161,8 @@ def render_device(report: dict[str, Any]) -> list[str]:
 
 
 def render_ops_section(report: dict[str, Any]) -> list[str]:
-    lines = ["", f"LoRA ops ({_kernels_line(report)}):", *render_ops(report["ops"])]
+    lines = ["", f"LoRA ops (SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs):"]
+    lines += render_ops(report["ops"])
     if "pool_layout" in report:
         lines.append(f"LoRA pool layout: {report['pool_layout']}")
     probe = report.get("graph_probe")
@@ -304,10 +304,6 @@ def render_ops(ops: list[dict[str, Any]]) -> list[str]:
     for clause, which in grouped_reasons(ops):
         lines += wrap(f"- {which}: {clause}", "  ", "    ")
     return lines
-
-
-def _kernels_line(report: dict[str, Any]) -> str:
-    return f"SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs"
 
 
 def add_plugin_report(report: dict[str, Any]) -> None:
