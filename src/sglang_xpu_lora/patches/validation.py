@@ -77,7 +77,7 @@ def _refuse_device(registry: LoRABackendRegistry, server_args: Any) -> None:
     try:
         refusal = device_refusal(spec, cfg.device, server_args.device)
     except ValueError as exc:
-        raise BackendArgumentError(str(exc)) from None
+        raise BackendArgumentError(str(exc)) from exc
     if refusal:
         raise BackendArgumentError(refusal)
 
@@ -92,7 +92,7 @@ def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> Non
         try:
             spec.preflight(cfg.device)
         except (RuntimeError, ValueError) as exc:
-            raise BackendArgumentError(str(exc)) from None
+            raise BackendArgumentError(str(exc)) from exc
 
 
 def install_excepthook(undo: UndoStack) -> None:
