@@ -72,7 +72,9 @@ def check_sglang(report: dict[str, Any], device: Optional[str]) -> None:
     started = time.perf_counter()
     captured = io.StringIO()
     with contextlib.redirect_stderr(captured):
-        compat.resolve(targets.LOAD_PLUGINS)()
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
     report["sglang_seconds"] = round(time.perf_counter() - started, 1)
     version = compat.sglang_version()
     report["sglang"] = str(version) if version else None

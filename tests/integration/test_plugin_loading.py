@@ -279,12 +279,15 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
+        ("AROUND", "sglang.srt.arg_groups.serving_hook.handle_missing_default_values"),
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"),
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
     ]
     assert events == "EVENTS " + repr([f"hook {target}" for _, target in hooks] + ["backend intel_xpu"])
-    undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))
+    steps = [f"the {kind} hook on {target}" for kind, target in hooks]
+    steps.insert(2, "the sys.excepthook for argument errors")  # patches.validation's last step
+    undone = "; ".join(f"undid {step}" for step in reversed(steps))
     assert (
         "[sglang-xpu-lora] not registering LoRA backends: could not patch SGLang: patch cli_choices failed "
         f"(RuntimeError: boom); rolled back: undid LoRA backend 'intel_xpu'; {undone}\n"

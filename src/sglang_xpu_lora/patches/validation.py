@@ -127,6 +127,6 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         check_backend_device(registry, server_args)
         return result
 
-    install_excepthook(undo)
-    queue_hook(targets.HANDLE_MISSING_DEFAULT_VALUES, around_handle_missing_default_values, "AROUND", undo)
     queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
+    queue_hook(targets.HANDLE_MISSING_DEFAULT_VALUES, around_handle_missing_default_values, "AROUND", undo)
+    install_excepthook(undo)
