@@ -146,24 +146,24 @@ def render_torch(report: dict[str, Any]) -> list[str]:
 
 def render_sglang(report: dict[str, Any]) -> list[str]:
     found = sum(p["found"] for p in report["patch_points"])
-    lines = [
-        f"  SGLang        {report['sglang'] or 'not installed'} (supported {report['sglang_supported']}), "
-        f"imported with its plugins in {report['sglang_seconds']} s",
-        f"  patch points  {found}/{len(report['patch_points'])} found",
-    ]
+    lines = wrap(
+        f"{report['sglang'] or 'not installed'} (supported {report['sglang_supported']}), imported with its "
+        f"plugins in {report['sglang_seconds']} s", "  SGLang        ", " " * 16,
+    )
+    lines.append(f"  patch points  {found}/{len(report['patch_points'])} found")
     return lines + render_plugins(report)
 
 
 def render_device(report: dict[str, Any]) -> list[str]:
     device = report["device"] or "none found"
     return [
-        f"  kernel build  {report['kernel_build']}",
+        *wrap(report["kernel_build"], "  kernel build  ", " " * 16),
         *wrap(f"{device} ({report['device_source']})", "  device        ", " " * 16),
     ]
 
 
 def render_ops_section(report: dict[str, Any]) -> list[str]:
-    lines = ["", f"LoRA ops (SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs):"]
+    lines = ["", *wrap(f"LoRA ops (SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs):")]
     lines += render_ops(report["ops"])
     if "pool_layout" in report:
         lines.append(f"LoRA pool layout: {report['pool_layout']}")
