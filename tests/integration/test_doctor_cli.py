@@ -17,6 +17,9 @@ import pytest
 from sglang_xpu_lora import doctor
 from sglang_xpu_lora.upstream import compat
 
+#: Every line of doctor's text report fits this many columns (issue 18; ``doctor.WIDTH``).
+COLUMNS = 100
+
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -164,13 +167,13 @@ def hidden_kernel_module(tmp_path: Path) -> str:
 def test_a_broken_host_is_reported_once_in_lines_that_fit(tmp_path):
     """Without an importable ``sgl_kernel`` on SGLang's CPU engine, SGLang's LoRA modules do not
     import: every problem is printed once (stdout and stderr together; the plugin's own stderr
-    report is not repeated) and every line fits ``doctor.WIDTH`` columns."""
+    report is not repeated) and every line fits 100 columns."""
     script = Path(sys.executable).parent / "sglang-xpu-lora"
     env = doctor_env(SGLANG_XPU_LORA_KERNELS="torch", PYTHONPATH=hidden_kernel_module(tmp_path))
     result = subprocess.run([str(script), "doctor"], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-3000:]
     lines = result.stdout.splitlines() + result.stderr.splitlines()
-    assert max(len(line) for line in lines) <= doctor.WIDTH, [line for line in lines if len(line) > doctor.WIDTH]
+    assert max(len(line) for line in lines) <= COLUMNS, [line for line in lines if len(line) > COLUMNS]
     problems = result.stdout.split("CANNOT SERVE --lora-backend intel_xpu:\n", 1)[1]
     bullets = [" ".join(bullet.split()) for bullet in problems.split("\n  - ")]
     bullets[0] = bullets[0].removeprefix("- ")
