@@ -7,7 +7,7 @@ one report to attach to an issue.
 output in ``DIR/<step>.log``; a step that fails or runs past ``--step-timeout`` is recorded in the
 report with its exit status and the last lines of its output, and the next step runs:
 
-1. ``doctor``: ``sglang-xpu-lora doctor --json`` (versions, the provider of each LoRA op outside and
+1. ``doctor``: ``sglang-xpu-lora doctor --json --device DEVICE`` (versions, the provider of each LoRA op outside and
    inside graphs, the capture probe's verdicts on a CUDA/XPU device);
 2. ``capture_probe``: :mod:`benchmarks.capture_probe` (on an Intel GPU the installed sgl-kernel-xpu
    build's ops tried in trial captures, a layer replayed in a graph against eager; on CUDA the
@@ -75,7 +75,7 @@ def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
     device, out, quick = args.device, args.out, args.quick
     suffix = "-quick" if quick else ""
     steps = {
-        "doctor": (_python("sglang_xpu_lora.doctor", "doctor", "--json"), ["doctor.json"], {}),
+        "doctor": (_python("sglang_xpu_lora.doctor", "doctor", "--json", "--device", device), ["doctor.json"], {}),
         "capture_probe": (
             _python("benchmarks.capture_probe", "--device", device, "--out", str(out / f"capture-probe-{device}.json"),
                     *(("--quick", "--decode-tokens", "8", "--prefill-tokens", "16") if quick else ())),

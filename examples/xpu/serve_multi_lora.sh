@@ -41,7 +41,7 @@ read -r -a extra_args <<<"${EXTRA_ARGS:-}"
 MAX_LORAS_PER_BATCH=${MAX_LORAS_PER_BATCH:-$((${#adapter_list[@]} + 1))}
 
 if [ "$LORA_BACKEND" = intel_xpu ]; then
-  sglang-xpu-lora doctor || { echo "sglang-xpu-lora doctor says intel_xpu cannot serve here; fix that first" >&2; exit 1; }
+  sglang-xpu-lora doctor --device "$DEVICE" || { echo "sglang-xpu-lora doctor says intel_xpu cannot serve on $DEVICE here; fix that first" >&2; exit 1; }
 fi
 exec "$SGLANG" serve --model-path "$MODEL" --device "$DEVICE" --host "$HOST" --port "$PORT" \
     --enable-lora --lora-paths "${adapter_list[@]}" --max-lora-rank "$MAX_LORA_RANK" \

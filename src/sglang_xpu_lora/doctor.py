@@ -1,14 +1,21 @@
 """``sglang-xpu-lora doctor``: can this machine serve ``--lora-backend intel_xpu``, and how?
 
-Prints the plugin, SGLang, torch and kernel-build versions, whether an XPU is visible, which
-provider (native, triton, torch) each of the seven LoRA ops uses outside and inside graphs and why
-(on a CUDA/XPU device after a trial capture of each native op, as at graph set-up; without one it
-says that graph set-up decides), the LoRA pool layout (and whether its slots are zeroed before each
-load), the ``sglang.lora_backends`` plugins and their distributions, and whether every SGLang patch
-point was found. Exit status 0 when the configuration can serve, 1
-otherwise. ``--json`` prints the same report as one JSON object. Without torch or SGLang it says
-what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the plugin
-version.
+Checks what a server start needs, in the order a start meets it, and prints each part as soon as
+it is known (a first line at once, then one part per step; importing SGLang with its plugins is
+the slow step): torch and what it sees of an XPU; SGLang's version, whether its plugin loading
+registered ``intel_xpu`` and every SGLang patch point was found, the ``sglang.lora_backends``
+plugins and their distributions; the serving device (``--device``, or the one SGLang picks
+without it, and why) and what serving there needs (on an XPU: that torch sees it; on the CPU:
+SGLang's CPU engine switch, an importable ``sgl_kernel`` and pinned host memory); which provider
+(native, triton, torch) each of the seven LoRA ops uses outside and inside graphs, each reason
+once with the ops it applies to (on a CUDA/XPU device after a trial capture of each native op, as
+at graph set-up); the LoRA pool layout; which adapters are checked at load. Then the verdict: exit
+status 0 when ``intel_xpu`` can serve, 1 otherwise with each problem once. Every line fits
+:data:`WIDTH` columns.
+
+``--json`` prints the same report as one JSON object at the end. Without torch or SGLang it says
+what to install instead of failing with a traceback; ``sglang-xpu-lora --version`` prints the
+plugin version.
 """
 
 from __future__ import annotations
@@ -16,49 +23,103 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
+import platform
 import sys
+import textwrap
+import time
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+#: Columns every line of the text report fits in.
+WIDTH = 100
 
 
-def collect() -> dict[str, Any]:
-    """The report as a JSON-serialisable dict (see module docstring).
+def wrap(text: str, indent: str = "", subsequent: Optional[str] = None) -> list[str]:
+    """``text`` as lines of at most :data:`WIDTH` columns, the first indented by ``indent``, the
+    others by ``subsequent`` (default: ``indent`` and two spaces)."""
+    subsequent = indent + "  " if subsequent is None else subsequent
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=indent, subsequent_indent=subsequent, break_on_hyphens=False
+    ) or [indent.rstrip()]
 
-    Runs SGLang's ``load_plugins()`` first, as every SGLang process does, so kernel builds or
-    shims that plugins register are seen exactly as the server would see them.
-    """
+
+# ---------------------------------------------------------------------------------------------
+# The steps, each adding to the report; :data:`STEPS` pairs each with the lines it prints.
+
+
+def check_torch(report: dict[str, Any], device: Optional[str]) -> None:
+    """torch's version and what it sees of an XPU."""
     import torch
 
-    try:
-        from sglang.srt.plugins import load_plugins
-    except ImportError:
-        pass
-    else:
-        load_plugins()
-
-    from sglang_xpu_lora import __version__, providers
-    from sglang_xpu_lora.backend.registration import INTEL_XPU
-    from sglang_xpu_lora.providers import native
-    from sglang_xpu_lora.upstream import compat, targets
+    from sglang_xpu_lora.upstream import devices
 
     xpu = getattr(torch, "xpu", None)
-    xpu_visible = bool(xpu is not None and xpu.is_available())
-    device = "xpu" if xpu_visible else "cuda" if torch.cuda.is_available() else "cpu"
+    report["torch"] = torch.__version__
+    report["xpu_visible"] = bool(xpu is not None and xpu.is_available())
+    report["xpu_seen"] = devices.device_seen("xpu")
+
+
+def check_sglang(report: dict[str, Any], device: Optional[str]) -> None:
+    """Import SGLang and run its plugin loading, as every SGLang process does (so kernel builds or
+    shims that plugins register are seen exactly as the server sees them); what the plugins print
+    on stderr is kept back and written once, without what the report says itself."""
+    from sglang_xpu_lora.upstream import compat, targets
+
+    started = time.perf_counter()
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+    report["sglang_seconds"] = round(time.perf_counter() - started, 1)
     version = compat.sglang_version()
-    host_problems = compat.check_host()
-    report: dict[str, Any] = {
-        "plugin": __version__,
-        "sglang": str(version) if version else None,
-        "sglang_supported": compat.SUPPORTED_SGLANG_RANGE,
-        "torch": torch.__version__,
-        "kernel_build": native.kernel_build()[1],
-        "xpu_visible": xpu_visible,
-        "device": device,
-        "problems": [],
-    }
+    report["sglang"] = str(version) if version else None
+    report["sglang_supported"] = compat.SUPPORTED_SGLANG_RANGE
+    add_plugin_report(report)
+    missing = compat.unresolved_targets() if report["problems"] else {}
+    report["patch_points"] = [{"symbol": target, "found": target not in missing} for target in targets.ALL]
+    said = report["problems"] + report["plugin_errors"]
+    for line in captured.getvalue().splitlines():
+        if line.strip() and not any(text in line for text in said):
+            print(line, file=sys.stderr)
+
+
+def check_device(report: dict[str, Any], device: Optional[str]) -> None:
+    """The serving device (``device``, or SGLang's pick) and what serving there needs, as
+    ``intel_xpu`` is refused at argument resolution (:func:`~sglang_xpu_lora.patches.validation.device_refusal`)."""
+    from sglang_xpu_lora.backend.registration import INTEL_XPU
+    from sglang_xpu_lora.patches.validation import device_refusal
+    from sglang_xpu_lora.providers import native
+    from sglang_xpu_lora.upstream import devices
+
+    report["kernel_build"] = native.kernel_build()[1]
+    given = device
+    if given is None:
+        device, why = devices.picked_device()
+        report["device_source"] = f"SGLang's pick without --device: {why}"
+    else:
+        report["device_source"] = "--device given"
+    report["device"] = device
+    try:
+        refusal = device_refusal(INTEL_XPU, device, given)
+    except ValueError as exc:
+        refusal = str(exc)
+    if refusal:
+        report["problems"].append(refusal)
+    if device == "cpu":
+        report["problems"].extend(devices.cpu_engine_problems())
+
+
+def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
+    """Which provider each LoRA op uses outside and inside graphs, and why; the pool layout; which
+    adapters are checked at load."""
+    from sglang_xpu_lora import providers
+
+    device = report["device"] or "cpu"
     try:
         report["kernels"] = providers.kernels_choice()
         with _quiet(providers.logger):  # the report says it all, once
@@ -76,17 +137,70 @@ def collect() -> dict[str, Any]:
             "SGLang's packed, real ranks; slots zeroed before each load" if selection.needs_zeroed_slots
             else "SGLang's packed, real ranks"
         )
-        try:
-            device_error = INTEL_XPU.device_error(device)
-        except ValueError as exc:
-            device_error = str(exc)
-        if device_error:
-            report["problems"].append(device_error)
-    missing = compat.unresolved_targets() if version else {}
-    report["patch_points"] = [{"symbol": target, "found": version is not None and target not in missing} for target in targets.ALL]
-    add_plugin_report(report, host_problems)
-    report["problems"].extend(host_problems)
     add_adapter_checks(report)
+
+
+def render_torch(report: dict[str, Any]) -> list[str]:
+    return [f"  torch         {report['torch']}", *wrap(report["xpu_seen"], "  XPU           ", " " * 16)]
+
+
+def render_sglang(report: dict[str, Any]) -> list[str]:
+    found = sum(p["found"] for p in report["patch_points"])
+    lines = wrap(
+        f"{report['sglang'] or 'not installed'} (supported {report['sglang_supported']}), imported with its "
+        f"plugins in {report['sglang_seconds']} s", "  SGLang        ", " " * 16,
+    )
+    lines.append(f"  patch points  {found}/{len(report['patch_points'])} found")
+    return lines + render_plugins(report)
+
+
+def render_device(report: dict[str, Any]) -> list[str]:
+    device = report["device"] or "none found"
+    return [
+        *wrap(report["kernel_build"], "  kernel build  ", " " * 16),
+        *wrap(f"{device} ({report['device_source']})", "  device        ", " " * 16),
+    ]
+
+
+def render_ops_section(report: dict[str, Any]) -> list[str]:
+    lines = ["", *wrap(f"LoRA ops (SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs):")]
+    lines += render_ops(report["ops"])
+    if "pool_layout" in report:
+        lines.append(f"LoRA pool layout: {report['pool_layout']}")
+    probe = report.get("graph_probe")
+    if isinstance(probe, list):
+        lines.append(f"Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")
+        lines += [f"  {row['op']}: {'runs natively' if row['capture_safe'] else 'falls back'} ({row['ms']} ms)" for row in probe]
+    elif probe:
+        lines += wrap(f"Capture probe: {probe}")
+    lines += wrap(f"PEFT adapter checks at load: {report['adapter_checks']}")
+    return lines
+
+
+#: ``(step, its lines)`` in the order a server start meets them; :func:`main` prints each step's
+#: lines as soon as it finished.
+STEPS: tuple[tuple[Callable[[dict, Optional[str]], None], Callable[[dict], list[str]]], ...] = (
+    (check_torch, render_torch),
+    (check_sglang, render_sglang),
+    (check_device, render_device),
+    (check_ops, render_ops_section),
+)
+
+
+def collect(device: Optional[str] = None, emit: Optional[Callable[[list[str]], None]] = None) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (see module docstring).
+
+    :param device: the ``--device`` the server will get; None: the one SGLang picks without it.
+    :param emit: called with each step's text lines as soon as the step finished.
+    """
+    from sglang_xpu_lora import __version__
+
+    report: dict[str, Any] = {"plugin": __version__, "problems": []}
+    for step, render_step in STEPS:
+        step(report, device)
+        if emit is not None:
+            emit(render_step(report))
+    report["problems"] = list(dict.fromkeys(report["problems"]))  # each once, in the order found
     report["can_serve"] = not report["problems"]
     return report
 
@@ -145,32 +259,68 @@ def op_rows(selection) -> list[dict[str, Any]]:
     ]
 
 
+def reason_clauses(reason: str) -> list[str]:
+    """``reason`` split at its top-level ``"; "`` (not inside parentheses): the clauses a selection
+    reason is made of ("no native op: ...", "no Triton: ...")."""
+    clauses, depth, start = [], 0, 0
+    for i, char in enumerate(reason):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and reason.startswith("; ", i):
+            clauses.append(reason[start:i])
+            start = i + 2
+    return [clause for clause in clauses + [reason[start:]] if clause]
+
+
+def grouped_reasons(ops: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each reason clause of :func:`op_rows` once, in the order first met, with the ops it applies
+    to as a phrase: ``"all 7 ops"``, or their names, an op whose clause holds only inside graphs
+    marked ``(in graphs)`` unless the clause says so itself."""
+    groups: dict[str, list[tuple[str, bool]]] = {}
+    for op in ops:
+        eager = reason_clauses(op["reason"])
+        for clause in eager:
+            groups.setdefault(clause, []).append((op["op"], False))
+        for clause in reason_clauses(op["graph_reason"]):
+            if clause not in eager:
+                groups.setdefault(clause, []).append((op["op"], "inside graphs" not in clause))
+    phrased = []
+    for clause, members in groups.items():
+        if len(members) == len(ops) and not any(graphs_only for _, graphs_only in members):
+            which = f"all {len(ops)} ops"
+        else:
+            which = ", ".join(f"{name} (in graphs)" if graphs_only else name for name, graphs_only in members)
+        phrased.append((clause, which))
+    return phrased
+
+
 def render_ops(ops: list[dict[str, Any]]) -> list[str]:
-    """Text lines for :func:`op_rows`: providers eager / in graphs, then why (the graph reason only
-    where it differs)."""
+    """Text lines for :func:`op_rows`: per op, the providers outside / inside graphs and whether it
+    is safe to record in a graph; then why, each reason once with the ops it applies to."""
     width = max((len(op["op"]) for op in ops), default=0)
     lines = []
     for op in ops:
         safe = {True: "graph-safe", False: "not graph-safe", None: "tried at graph set-up"}[op["capture_safe"]]
-        lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe:<16}  {op['reason']}")
-        if op["graph_reason"] != op["reason"]:
-            lines.append(f"  {'':<{width}}  {'':>6}   {'':<6}  {'in graphs:':<16}  {op['graph_reason']}")
+        lines.append(f"  {op['op']:<{width}}  {op['provider']:>6} / {op['graph_provider']:<6}  {safe}")
+    if ops:
+        lines.append("Why (each reason once, with the ops it applies to):")
+    for clause, which in grouped_reasons(ops):
+        lines += wrap(f"- {which}: {clause}", "  ", "    ")
     return lines
 
 
-def add_plugin_report(report: dict[str, Any], host_problems: list[str]) -> None:
+def add_plugin_report(report: dict[str, Any]) -> None:
     """Add the ``sglang.lora_backends`` side of the report, as this process loaded it.
 
     ``backends``: one entry per registered backend: ``name``, the entry point (``plugin``) that
     declared it and the ``distribution`` that ships that entry point (``name version``), so a
     user can tell which installed package serves ``--lora-backend NAME``. ``plugin_errors``: every
     ``sglang.lora_backends`` entry point that was skipped, with why (import error, misspelled hook,
-    a name SGLang or another plugin already has), and why sglang-xpu-lora could not patch SGLang
-    (a patch failed and everything was rolled back), which is also a problem: ``intel_xpu`` is
-    then not registered. ``host_problems`` (the compatibility check, reported separately) are not
-    repeated.
+    a name SGLang or another plugin already has). Problems: why sglang-xpu-lora registered nothing
+    (the compatibility check, or a patch failed and everything was rolled back), or that SGLang's
+    plugin loading never ran it.
     """
     from sglang_xpu_lora import plugin
+    from sglang_xpu_lora.backend.registration import INTEL_XPU
     from sglang_xpu_lora.registry import get_registry
 
     registry = get_registry()
@@ -179,19 +329,26 @@ def add_plugin_report(report: dict[str, Any], host_problems: list[str]) -> None:
          "distribution": registry.plugin_distributions.get(registry.owner(name), "unknown")}
         for name in registry.specs()
     ]
-    own = [problem for problem in plugin.host_problems if problem not in host_problems]
     report["plugin_errors"] = [f"{ep}: {error}" for ep, error in registry.load_errors.items()]
-    report["plugin_errors"] += [f"sglang-xpu-lora: {problem}" for problem in own]
-    report["problems"].extend(own)
+    report["problems"].extend(plugin.host_problems)
+    if not plugin.host_problems and INTEL_XPU.name not in registry.specs():
+        selected = os.environ.get("SGLANG_PLUGINS")
+        why = (
+            f"SGLANG_PLUGINS={selected} does not list intel_xpu_lora" if selected
+            else "is sglang-xpu-lora installed in this Python?"
+        )
+        report["problems"].append(
+            f"SGLang's plugin loading did not register {INTEL_XPU.name}: it never ran the plugin "
+            f"(entry point intel_xpu_lora, group sglang.srt.plugins); {why}"
+        )
 
 
 def render_plugins(report: dict[str, Any]) -> list[str]:
     """The lines of :func:`add_plugin_report` for :func:`render`."""
-    lines = ["LoRA backends from sglang.lora_backends (backend: entry point, distribution):"]
-    lines += [f"  {b['name']}: {b['plugin']}, {b['distribution']}" for b in report["backends"]] or ["  none"]
-    if report["plugin_errors"]:
-        lines.append("Plugin load errors:")
-        lines += [f"  - {error}" for error in report["plugin_errors"]]
+    backends = [f"{b['name']} ({b['plugin']}, {b['distribution']})" for b in report["backends"]]
+    lines = wrap(", ".join(backends) or "none", "  LoRA backends ", " " * 16)
+    for error in report["plugin_errors"]:
+        lines += wrap(f"plugin load error: {error}", "  ", "    ")
     return lines
 
 
@@ -229,10 +386,10 @@ def render_missing_host(problems: Sequence[str]) -> str:
     return "\n".join(
         [f"sglang-xpu-lora {__version__} cannot check this Python ({sys.executable}):"]
         + [f"  - {problem}" for problem in problems]
-        + [
+        + wrap(
             f"Install the XPU build of torch and SGLang {compat.SUPPORTED_SGLANG_RANGE} into this environment "
-            "first (README, Prerequisites), then run `sglang-xpu-lora doctor` again."
-        ]
+            "first (README, Prerequisites), then run `sglang-xpu-lora doctor` again.", "", ""
+        )
     )
 
 
@@ -246,39 +403,35 @@ def quiet_host_imports():
         yield
 
 
-def render(report: dict[str, Any]) -> str:
-    """The report as text for a person."""
-    lines = [
-        f"sglang-xpu-lora {report['plugin']}",
-        f"  SGLang        {report['sglang'] or 'not installed'} (supported {report['sglang_supported']})",
-        f"  torch         {report['torch']}",
-        f"  kernel build  {report['kernel_build']}",
-        f"  XPU visible   {'yes' if report['xpu_visible'] else 'no'} (serving device: {report['device']})",
-        f"  SGLANG_XPU_LORA_KERNELS={report['kernels']}",
-        "",
-        "LoRA ops (provider outside / inside XPU graphs; safe to record in a graph; why):",
-        *render_ops(report["ops"]),
-    ]
-    if "pool_layout" in report:
-        lines.append(f"  LoRA pool layout: {report['pool_layout']}")
-    probe = report.get("graph_probe")
-    if isinstance(probe, list):
-        lines.append(f"  Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")
-        lines += [f"    {row['op']}: {'runs natively' if row['capture_safe'] else 'falls back'} ({row['ms']} ms)" for row in probe]
-    elif probe:
-        lines.append(f"  Capture probe: {probe}")
-    lines += ["", *render_plugins(report)]
-    found = sum(p["found"] for p in report["patch_points"])
-    lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
-    lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]
-    lines.append(f"PEFT adapter checks at load: {report['adapter_checks']}")
-    lines.append("")
+def header() -> list[str]:
+    """The first line(s), printed before anything heavy is imported."""
+    from sglang_xpu_lora import __version__
+
+    return wrap(f"sglang-xpu-lora {__version__} doctor: Python {platform.python_version()} at {sys.executable}")
+
+
+def verdict(report: dict[str, Any]) -> list[str]:
+    """The last lines: OK, or each problem once."""
     if report["can_serve"]:
-        lines.append("OK: --lora-backend intel_xpu can serve on this machine.")
-    else:
-        lines.append("CANNOT SERVE --lora-backend intel_xpu:")
-        lines += [f"  - {problem}" for problem in report["problems"]]
-    return "\n".join(lines)
+        return ["", "OK: --lora-backend intel_xpu can serve on this machine."]
+    lines = ["", "CANNOT SERVE --lora-backend intel_xpu:"]
+    for problem in report["problems"]:
+        lines += wrap(f"- {problem}", "  ", "    ")
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    """The whole report as text for a person (what :func:`main` prints step by step)."""
+    lines = header()
+    for _, render_step in STEPS:
+        lines += render_step(report)
+    return "\n".join(lines + verdict(report))
+
+
+def _print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -290,7 +443,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check whether this machine can serve --lora-backend intel_xpu")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--device", help="the --device the server gets (default: the one SGLang picks without it)"
+    )
     args = parser.parse_args(argv)
+    if not args.json:
+        _print_lines(header())
     missing = missing_host_packages()
     if missing:
         if args.json:
@@ -299,8 +457,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(render_missing_host(missing))
         return 1
     with quiet_host_imports():
-        report = collect()
-    print(json.dumps(report, indent=2) if args.json else render(report))
+        report = collect(args.device, emit=None if args.json else _print_lines)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_lines(verdict(report))
     return 0 if report["can_serve"] else 1
 
 

@@ -17,6 +17,9 @@ import pytest
 from sglang_xpu_lora import doctor
 from sglang_xpu_lora.upstream import compat
 
+#: Every line of doctor's text report fits this many columns (issue 18; ``doctor.WIDTH``).
+COLUMNS = 100
+
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -108,3 +111,92 @@ def test_quiet_host_imports_hides_sglang_warnings_only():
             warn_from("sglang_xpu_lora.providers")
         warn_from("sglang.srt.layers.quantization.awq.awq")
     assert [w.filename for w in seen] == ["sglang_xpu_lora.providers", "sglang.srt.layers.quantization.awq.awq"]
+
+
+def doctor_env(**changes) -> dict:
+    """This environment for a ``doctor`` subprocess, without ``SGLANG_XPU_LORA_*`` settings, with
+    ``changes`` (a None value removes the variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
+    env.update(SGLANG_USE_CPU_ENGINE="1")
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+#: Runs doctor with a marker line printed (flushed) the moment SGLang starts being imported.
+MARKED_DOCTOR = """
+import sys
+def audit(event, args):
+    if event == "import" and args[0].split(".")[0] == "sglang" and not audit.seen:
+        audit.seen = True
+        print("MARKER: SGLang is being imported", flush=True)
+audit.seen = False
+sys.addaudithook(audit)
+from sglang_xpu_lora.doctor import main
+sys.exit(main(["doctor"]))
+"""
+
+
+def test_doctor_streams_its_report(tmp_path):
+    """The first line comes before SGLang (the slow import) is imported, each step's lines as
+    the step finishes: read line by line from the pipe, as a user's terminal shows them."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MARKED_DOCTOR], env=doctor_env(SGLANG_XPU_LORA_KERNELS="torch"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    lines = [line.rstrip("\n") for line in proc.stdout]
+    assert proc.wait(timeout=300) == 0, lines
+    marker = lines.index("MARKER: SGLang is being imported")
+    assert lines[0].startswith("sglang-xpu-lora ") and " doctor: Python " in lines[0]
+    assert marker > 0 and any(line.startswith("  torch ") for line in lines[:marker]), lines
+    assert any(line.startswith("  SGLang ") for line in lines[marker:]), lines
+
+
+def hidden_kernel_module(tmp_path: Path) -> str:
+    """A ``PYTHONPATH`` on which ``import sgl_kernel`` fails as without an install (first on the path,
+    before the development stub)."""
+    package = tmp_path / "hide" / "sgl_kernel"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'sgl_kernel'\", name='sgl_kernel')\n")
+    return os.pathsep.join(filter(None, [str(tmp_path / "hide"), os.environ.get("PYTHONPATH")]))
+
+
+def test_a_broken_host_is_reported_once_in_lines_that_fit(tmp_path):
+    """Without an importable ``sgl_kernel`` on SGLang's CPU engine, SGLang's LoRA modules do not
+    import: every problem is printed once (stdout and stderr together; the plugin's own stderr
+    report is not repeated) and every line fits 100 columns."""
+    script = Path(sys.executable).parent / "sglang-xpu-lora"
+    env = doctor_env(SGLANG_XPU_LORA_KERNELS="torch", PYTHONPATH=hidden_kernel_module(tmp_path))
+    result = subprocess.run([str(script), "doctor"], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = result.stdout.splitlines() + result.stderr.splitlines()
+    assert max(len(line) for line in lines) <= COLUMNS, [line for line in lines if len(line) > COLUMNS]
+    problems = result.stdout.split("CANNOT SERVE --lora-backend intel_xpu:\n", 1)[1]
+    bullets = [" ".join(bullet.split()) for bullet in problems.split("\n  - ")]
+    bullets[0] = bullets[0].removeprefix("- ")
+    assert any("sgl_kernel" in bullet for bullet in bullets), bullets
+    everything = " ".join((result.stdout + "\n" + result.stderr).split())
+    assert [b for b in bullets if everything.count(b) != 1] == []
+
+
+@pytest.mark.parametrize(
+    "plugins, expected",
+    [
+        ("intel_xpu_lora,no_leftovers", "SGLang's LoRA layers pin host memory"),
+        ("cpu_pin_memory_shim", "SGLang's plugin loading did not register intel_xpu"),
+    ],
+    ids=["no-pinned-memory", "plugin-not-loaded"],
+)
+def test_what_a_cpu_start_needs_is_checked(plugins, expected):
+    """Each of these made doctor say OK while ``sglang serve`` could not start (the server side of
+    the first is ``tests/e2e/test_doctor_verdict.py``; without the plugin, SGLang rejects
+    ``--lora-backend intel_xpu`` as an invalid choice)."""
+    script = Path(sys.executable).parent / "sglang-xpu-lora"
+    env = doctor_env(SGLANG_XPU_LORA_KERNELS="torch", SGLANG_PLUGINS=plugins)
+    result = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and not report["can_serve"], report["problems"]
+    assert [p for p in report["problems"] if p.startswith(expected)], report["problems"]

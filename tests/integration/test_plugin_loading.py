@@ -86,8 +86,8 @@ def validate(kernels, build=None):
         kernel_emulator.install(build)
     args = prepare_server_args(["--model-path", "{model}", "--device", "cpu", "--enable-lora", "--lora-paths",
                                 "a={adapter}", "--lora-backend", "intel_xpu", "--max-lora-rank", "32"])
-    args.resolve_once()  # as Engine._launch_subprocesses does before check_server_args()
     try:
+        args.resolve_once()  # as Engine._launch_subprocesses does before check_server_args()
         args.check_server_args()
         print(kernels, build, "VALID")
     except ValueError as exc:
@@ -114,8 +114,10 @@ def test_validation_of_intel_xpu_on_cpu(run_python, tiny_artifacts):
     result = run_python(VALIDATE.format(model=tiny_artifacts["base"], adapter=tiny_artifacts["sql-r8"]))
     lines = result.stdout.splitlines()
     assert (
-        "auto None INVALID --lora-backend intel_xpu requires --device xpu, got --device cpu; "
-        "set SGLANG_XPU_LORA_KERNELS=torch to run the portable PyTorch LoRA kernels on it"
+        "auto None INVALID --lora-backend intel_xpu requires --device xpu, got --device cpu; its LoRA kernels "
+        "are Intel GPU kernels (sgl-kernel-xpu, Triton on XPU); to try it on CPU (portable PyTorch kernels, for "
+        "testing): set SGLANG_XPU_LORA_KERNELS=torch and SGLANG_USE_CPU_ENGINE=1 and pass --device cpu; "
+        "`sglang-xpu-lora doctor --device cpu` checks what else SGLang's CPU engine needs"
     ) in lines, result.stdout + result.stderr[-3000:]
     assert "torch None VALID" in lines
     assert "fast None INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, triton, torch; unset it or set SGLANG_XPU_LORA_KERNELS=torch for the portable kernels" in lines
@@ -277,12 +279,15 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
+        ("AROUND", "sglang.srt.arg_groups.serving_hook.handle_missing_default_values"),
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"),
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
     ]
     assert events == "EVENTS " + repr([f"hook {target}" for _, target in hooks] + ["backend intel_xpu"])
-    undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))
+    steps = [f"the {kind} hook on {target}" for kind, target in hooks]
+    steps.insert(2, "the sys.excepthook for argument errors")  # patches.validation's last step
+    undone = "; ".join(f"undid {step}" for step in reversed(steps))
     assert (
         "[sglang-xpu-lora] not registering LoRA backends: could not patch SGLang: patch cli_choices failed "
         f"(RuntimeError: boom); rolled back: undid LoRA backend 'intel_xpu'; {undone}\n"

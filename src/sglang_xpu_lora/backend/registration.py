@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from sglang_xpu_lora.registry import LoRABackendSpec, hookimpl
-from sglang_xpu_lora.settings import KERNELS_ENV
+from sglang_xpu_lora.upstream.devices import TRY_ON_CPU
 
 
 def _intel_xpu_backend_class() -> type:
@@ -48,7 +48,7 @@ INTEL_XPU = LoRABackendSpec(
     factory=_intel_xpu_backend_class,
     device="xpu",
     runs_on_other_devices=_runs_on_device,
-    other_devices_hint=f"set {KERNELS_ENV}=torch to run the portable PyTorch LoRA kernels on it",
+    other_devices_hint=f"its LoRA kernels are Intel GPU kernels (sgl-kernel-xpu, Triton on XPU); {TRY_ON_CPU}",
     preflight=_select_ops,
     needs_zeroed_lora_slots=_needs_zeroed_slots,
     receives_memory_pool=_receive_memory_pool,

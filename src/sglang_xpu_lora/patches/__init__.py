@@ -4,9 +4,13 @@ not at all.
 =====================  ==========================================================================
 module                 SGLang symbol, why, and when to remove (details in each module's header)
 =====================  ==========================================================================
-validation             ``arg_groups.lora_hook.check_lora_server_args`` (AFTER): device check
-                       naming ``--lora-backend`` and ``--device``. Remove when backends can
-                       validate their own arguments.
+validation             ``arg_groups.serving_hook.handle_missing_default_values`` (AROUND) and
+                       ``arg_groups.lora_hook.check_lora_server_args`` (AFTER): device check
+                       naming ``--lora-backend`` and ``--device`` (and, without ``--device``,
+                       which device SGLang picked and why) when SGLang resolves the device, and
+                       the preflight; ``sys.excepthook`` chained so that such a refusal ends the
+                       launcher with one line. Remove when backends can validate their own
+                       arguments.
 mem_pool               ``LoRAManager.init_memory_pool`` and
                        ``LoRAMemoryPool.load_lora_weight_to_buffer`` (AROUND): slots zeroed
                        before each load for backends that declare it. Remove when SGLang zeroes

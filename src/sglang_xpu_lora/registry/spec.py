@@ -48,9 +48,11 @@ class LoRABackendSpec:
         needed = self.needs_zeroed_lora_slots
         return bool(needed(backend) if callable(needed) else needed)
 
-    def device_error(self, device: Optional[str]) -> Optional[str]:
+    def device_error(self, device: Optional[str], picked_because: Optional[str] = None) -> Optional[str]:
         """The validation error for running on ``device``, or None when it is allowed.
 
+        :param picked_because: when the user did not choose ``device``, who did and why (a clause
+            shown after it, e.g. "SGLang picked it: --device was not given and ...").
         Raises:
             ValueError: propagated from ``runs_on_other_devices`` for a misconfiguration.
         """
@@ -59,4 +61,6 @@ class LoRABackendSpec:
         if self.runs_on_other_devices is not None and self.runs_on_other_devices(device):
             return None
         message = f"--lora-backend {self.name} requires --device {self.device}, got --device {device}"
+        if picked_because:
+            message += f" ({picked_because})"
         return f"{message}; {self.other_devices_hint}" if self.other_devices_hint else message

@@ -29,6 +29,9 @@ SERVER_ARGS_FIELD_ARG = "sglang.srt.arg_groups.arg_utils.Arg"
 # Hook targets (HookRegistry paths).
 CHECK_LORA_SERVER_ARGS = "sglang.srt.arg_groups.lora_hook.check_lora_server_args"
 RESOLVING_VIEW = "sglang.srt.arg_groups.overrides.resolving_view"
+# The resolution step that fills in --device when it is not given (SGLang's get_device picks it).
+HANDLE_MISSING_DEFAULT_VALUES = "sglang.srt.arg_groups.serving_hook.handle_missing_default_values"
+GET_DEVICE = "sglang.srt.utils.common.get_device"
 LORA_MANAGER_INIT_MEMORY_POOL = "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"
 POOL_LOAD_WEIGHTS = "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"
 POOL_CLEAR_SLOT = "sglang.srt.lora.mem_pool.LoRAMemoryPool._clear_buffer_slot_for_base"
@@ -98,6 +101,8 @@ ALL = (
     SERVER_ARGS_FIELD_ARG,
     CHECK_LORA_SERVER_ARGS,
     RESOLVING_VIEW,
+    HANDLE_MISSING_DEFAULT_VALUES,
+    GET_DEVICE,
     LORA_MANAGER_INIT_MEMORY_POOL,
     POOL_LOAD_WEIGHTS,
     POOL_CLEAR_SLOT,
