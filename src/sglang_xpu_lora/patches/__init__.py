@@ -22,9 +22,24 @@ backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
                        backends. Remove when SGLang derives choices from the registry.
+log_lines              ``sglang.srt.utils.common.configure_logger`` (AFTER): the plugin's one line
+                       per process (its version, SGLang's, the backends registered) once SGLang
+                       has configured logging. Remove when SGLang logs the plugins it loaded
+                       after configuring logging.
 =====================  ==========================================================================
 
-Order: every hook is queued before any backend becomes selectable (``Engine(lora_backend=...)``
+Only when the plugin registers no backend (:func:`apply_refusal`, instead of the above):
+
+=====================  ==========================================================================
+refusal                ``ServerArgs.resolve_once`` (BEFORE) and the ``--lora-backend`` choices:
+                       the backend names parse and fail when the arguments are resolved, before
+                       SGLang's own resolution and validation, with the reason the plugin
+                       registered nothing. Remove when SGLang reports unavailable plugin backends.
+log_lines              as above, at WARNING: no LoRA backend registered, and why.
+=====================  ==========================================================================
+
+Order: every hook is queued before any backend becomes selectable, and the log line, which says the
+backends are registered, comes last (``Engine(lora_backend=...)``
 resolves through the backend registry without argparse, so a backend registered before its pool
 hook would be usable without it). Whole or not at all: each patch records how to undo every step it
 takes (:mod:`.undo`); when one raises, :func:`apply_all` undoes all steps taken so far and raises
@@ -42,11 +57,14 @@ after every general plugin ran.
 
 from __future__ import annotations
 
-from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, mem_pool, validation
+import logging
+from typing import Callable, Iterable
+
+from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, log_lines, mem_pool, refusal, validation
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices)
+PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices, log_lines)
 
 
 class PartialApplicationError(RuntimeError):
@@ -64,9 +82,29 @@ def apply_all(registry: LoRABackendRegistry) -> None:
     Raises:
         PartialApplicationError: when a patch raised; nothing of any patch is left applied.
     """
+    _apply_whole([(patch.__name__.rsplit(".", 1)[-1], lambda undo, patch=patch: patch.apply(registry, undo)) for patch in PATCHES])
+
+
+def apply_refusal(names: Iterable[str], reasons: list[str]) -> None:
+    """Instead of :func:`apply_all`, when the plugin registers no backend: ``--lora-backend NAME``
+    parses for each of ``names`` and fails at validation with ``reasons``
+    (:mod:`.refusal`), and each process logs that no backend is registered (:mod:`.log_lines`).
+
+    Raises:
+        PartialApplicationError: when this host lacks what even that needs; nothing is left applied.
+    """
+    names = tuple(names)
+    status = f"no LoRA backend registered: {'; '.join(reasons)}"
+    _apply_whole([
+        ("refusal", lambda undo: refusal.apply(names, reasons, undo)),
+        ("log_lines", lambda undo: log_lines.queue_line(logging.WARNING, status, undo)),
+    ])
+
+
+def _apply_whole(steps: list[tuple[str, Callable[[UndoStack], None]]]) -> None:
     undo = UndoStack()
-    for patch in PATCHES:
+    for name, step in steps:
         try:
-            patch.apply(registry, undo)
+            step(undo)
         except Exception as exc:
-            raise PartialApplicationError(patch.__name__.rsplit(".", 1)[-1], exc, undo.unwind()) from exc
+            raise PartialApplicationError(name, exc, undo.unwind()) from exc
