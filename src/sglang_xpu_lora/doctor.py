@@ -84,6 +84,9 @@ def collect() -> dict[str, Any]:
             report["problems"].append(device_error)
     missing = compat.unresolved_targets() if version else {}
     report["patch_points"] = [{"symbol": target, "found": version is not None and target not in missing} for target in targets.ALL]
+    for point in report["patch_points"]:
+        if point["symbol"] in missing and (failure := compat.import_failure(point["symbol"])):
+            point["import_failed"] = failure.module  # the root cause is one of the problems, once
     add_plugin_report(report, host_problems)
     report["problems"].extend(host_problems)
     add_adapter_checks(report)
@@ -270,7 +273,9 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", *render_plugins(report)]
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
-    lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"]]
+    lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"] and not p.get("import_failed")]
+    behind = [p["import_failed"] for p in report["patch_points"] if p.get("import_failed")]
+    lines += [f"  {behind.count(m)} behind the failed import of {m} (below)" for m in dict.fromkeys(behind)]
     lines.append(f"PEFT adapter checks at load: {report['adapter_checks']}")
     lines.append("")
     if report["can_serve"]:

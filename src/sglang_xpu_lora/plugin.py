@@ -7,8 +7,8 @@ process logs one line saying what the plugin registered once SGLang has configur
 host fails the compatibility check. When a patch fails half-way, everything already applied is
 rolled back (:func:`sglang_xpu_lora.patches.apply_all`), so no backend is ever selectable without
 its hooks. Either way the reasons are kept in :data:`host_problems` for ``sglang-xpu-lora doctor``,
-and ``--lora-backend intel_xpu`` still parses and fails at argument validation with them
-(:func:`sglang_xpu_lora.patches.apply_refusal`); where even that cannot be installed (no
+and ``--lora-backend intel_xpu`` still parses and fails with them when SGLang resolves the server
+arguments (:func:`sglang_xpu_lora.patches.apply_refusal`); where even that cannot be installed (no
 ``HookRegistry``, no ``--lora-backend`` choices), each reason is printed to stderr (SGLang has not
 configured logging yet when plugins run, so log records would be lost). It runs once per process:
 further calls are no-ops, also after a failure (SGLang applies queued hooks once, after all plugins
@@ -50,8 +50,8 @@ def load() -> None:
 
 
 def _refuse(problems: list[str]) -> None:
-    """Have ``--lora-backend NAME`` fail at validation with ``problems`` for each backend that is not
-    registered (every declared one, else this distribution's own); print them where even that fails."""
+    """Have ``--lora-backend NAME`` fail with ``problems`` for each backend that is not registered
+    (every declared one, else this distribution's own); print them where even that fails."""
     from sglang_xpu_lora import patches
     from sglang_xpu_lora.backend.registration import sglang_lora_backends
 

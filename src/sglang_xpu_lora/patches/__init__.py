@@ -38,10 +38,10 @@ refusal                ``ServerArgs.resolve_once`` (BEFORE) and the ``--lora-bac
 log_lines              as above, at WARNING: no LoRA backend registered, and why.
 =====================  ==========================================================================
 
-Order: every hook is queued before any backend becomes selectable, and the log line, which says the
-backends are registered, comes last (``Engine(lora_backend=...)``
+Order: every hook is queued before any backend becomes selectable (``Engine(lora_backend=...)``
 resolves through the backend registry without argparse, so a backend registered before its pool
-hook would be usable without it). Whole or not at all: each patch records how to undo every step it
+hook would be usable without it), and the log line, which says the backends are registered, comes
+last. Whole or not at all: each patch records how to undo every step it
 takes (:mod:`.undo`); when one raises, :func:`apply_all` undoes all steps taken so far and raises
 :class:`PartialApplicationError`. As a last line of defence the backend itself refuses a memory
 pool without the layout its ops need (``IntelXpuLoRABackend`` checks at its first batch).
@@ -87,8 +87,8 @@ def apply_all(registry: LoRABackendRegistry) -> None:
 
 def apply_refusal(names: Iterable[str], reasons: list[str]) -> None:
     """Instead of :func:`apply_all`, when the plugin registers no backend: ``--lora-backend NAME``
-    parses for each of ``names`` and fails at validation with ``reasons``
-    (:mod:`.refusal`), and each process logs that no backend is registered (:mod:`.log_lines`).
+    parses for each of ``names`` and fails with ``reasons`` when the server arguments are resolved
+    (:mod:`.refusal`), and each process logs that no backend is registered, and why (:mod:`.log_lines`).
 
     Raises:
         PartialApplicationError: when this host lacks what even that needs; nothing is left applied.

@@ -28,7 +28,7 @@ from sglang_xpu_lora.upstream.compat import resolve
 
 
 class BackendUnavailable(SystemExit, ValueError):
-    """Argument validation refused a LoRA backend the plugin could not register, with the reason.
+    """The server arguments name a LoRA backend the plugin could not register; carries the reason.
 
     A ``ValueError`` like SGLang's own validation errors (``except ValueError`` and ``except
     Exception`` catch it, e.g. around ``sglang.Engine(...)``), and a ``SystemExit`` carrying the
@@ -39,7 +39,7 @@ class BackendUnavailable(SystemExit, ValueError):
 
 
 def refusal_message(name: str, reasons: Iterable[str]) -> str:
-    """What validation says for ``--lora-backend name`` when the plugin registered no backend."""
+    """What ``--lora-backend name`` fails with when the plugin registered no backend."""
     from sglang_xpu_lora import __version__
 
     listed = "; ".join(reasons)
@@ -50,10 +50,11 @@ def refusal_message(name: str, reasons: Iterable[str]) -> str:
 
 
 def apply(names: Iterable[str], reasons: list[str], undo: UndoStack) -> None:
-    """Make ``--lora-backend NAME`` parse for each of ``names`` and fail at validation with ``reasons``.
+    """Make ``--lora-backend NAME`` parse for each of ``names`` and fail with ``reasons`` when the
+    server arguments are resolved.
 
     Raises:
-        Exception: whatever resolving SGLang's hook registry, validation hook or CLI choices raises on
+        Exception: whatever resolving SGLang's hook registry, ``ServerArgs.resolve_once`` or CLI choices raises on
             this host (the caller undoes the steps taken and falls back to printing the reasons).
     """
     names = tuple(names)
