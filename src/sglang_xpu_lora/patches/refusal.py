@@ -34,7 +34,8 @@ class BackendUnavailable(SystemExit, ValueError):
     Exception`` catch it, e.g. around ``sglang.Engine(...)``), and a ``SystemExit`` carrying the
     message, so a launcher that does not catch it (``sglang serve``, ``python -m
     sglang.launch_server``) exits with status 1 and prints that one message, not a traceback
-    through SGLang's start-up.
+    through SGLang's start-up. (Uncaught in a thread other than the main one, a ``SystemExit`` ends
+    that thread without a message: catch ``ValueError`` around an ``Engine`` built in a thread.)
     """
 
 
