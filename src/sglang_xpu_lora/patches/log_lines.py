@@ -6,8 +6,10 @@ Why: SGLang loads plugins in every process (launcher, ``Engine``, each scheduler
     pastes into an issue (vLLM's platform plugins log one such line per process).
 How: an AFTER hook logs the plugin's line through the ``sglang_xpu_lora`` logger once SGLang has
     configured logging, once per process (keyed by pid, so a forked child logs its own); where
-    logging already has a handler when the plugin loads (SGLang configured it first, or the
-    application did), the line is logged at once instead. ``HookRegistry`` also rebinds the
+    logging already has a handler that would show the line when the plugin loads (SGLang
+    configured it first, or the application did), it is logged at once instead. A handler left
+    at WARNING by an earlier ``logging.basicConfig()`` (some of SGLang's imports leave one) does
+    not count: the line waits for SGLang's level. ``HookRegistry`` also rebinds the
     ``from sglang.srt.utils import configure_logger`` copies every SGLang module holds.
 Checked against: SGLang 0.5.23.
 Remove when: SGLang logs the plugins it loaded after configuring logging.
@@ -40,18 +42,20 @@ def queue_line(level: int, status: str, undo: UndoStack) -> None:
     version = sglang_version()
     logged_in = {"pid": None}
 
-    def log_once() -> None:
-        if logged_in["pid"] != os.getpid():
-            logged_in["pid"] = os.getpid()
-            logger.log(level, "sglang-xpu-lora %s loaded (SGLang %s, pid %d): %s", __version__, version, os.getpid(), status)
+    def log_once(configured: bool) -> None:
+        if logged_in["pid"] == os.getpid():
+            return
+        if not configured and not (logging.getLogger().handlers and logger.isEnabledFor(level)):
+            return  # no handler yet, or one at a level that would drop it: wait for SGLang's
+        logged_in["pid"] = os.getpid()
+        logger.log(level, "sglang-xpu-lora %s loaded (SGLang %s, pid %d): %s", __version__, version, os.getpid(), status)
 
     def after_configure_logger(result, *args, **kwargs):
-        log_once()
+        log_once(configured=True)
         return result
 
     queue_hook(targets.CONFIGURE_LOGGER, after_configure_logger, "AFTER", undo)
-    if logging.getLogger().handlers:
-        log_once()
+    log_once(configured=False)
 
 
 def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
