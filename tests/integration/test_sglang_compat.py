@@ -4,6 +4,7 @@ version is reported by name."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -179,9 +180,9 @@ def load():  # its sglang.srt.plugins entry point, run before sglang-xpu-lora's
 
 def hide_behind_timing_plugin(tmp_path, monkeypatch, keep_wrapped: bool) -> None:
     (tmp_path / "timing_plugin.py").write_text(TIMING_PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import timing_plugin
-
+    spec = importlib.util.spec_from_file_location("timing_plugin", tmp_path / "timing_plugin.py")
+    timing_plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing_plugin)
     manager = compat.resolve(targets.LORA_MANAGER)
     monkeypatch.setattr(manager, "_load_lora_adapter", timing_plugin.wrap(manager._load_lora_adapter, keep_wrapped))
 
