@@ -274,8 +274,8 @@ def render(report: dict[str, Any]) -> str:
     found = sum(p["found"] for p in report["patch_points"])
     lines += ["", f"SGLang patch points: {found}/{len(report['patch_points'])} found"]
     lines += [f"  missing: {p['symbol']}" for p in report["patch_points"] if not p["found"] and not p.get("import_failed")]
-    behind = [p["import_failed"] for p in report["patch_points"] if p.get("import_failed")]
-    lines += [f"  {behind.count(m)} behind the failed import of {m} (below)" for m in dict.fromkeys(behind)]
+    behind = sum(bool(p.get("import_failed")) for p in report["patch_points"])
+    lines += [f"  {behind} in modules that fail to import (the import error is below)"] if behind else []
     lines.append(f"PEFT adapter checks at load: {report['adapter_checks']}")
     lines.append("")
     if report["can_serve"]:
