@@ -75,17 +75,17 @@ from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
 print("REGISTERED", "intel_xpu" in LORA_SUPPORTED_BACKENDS, "PARSES", "intel_xpu" in lora_backend_choices())
 from sglang.srt.server_args import ServerArgs
 try:
-    ServerArgs(model_path="m", enable_lora=True, lora_backend="intel_xpu").resolve_once()
+    ServerArgs(model_path="{model}", enable_lora=True, lora_backend="intel_xpu").resolve_once()
 except Exception as exc:
     print("REFUSED", type(exc).__name__, exc)
 """
 
 
-def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reason(run_python):
+def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reason(run_python, tiny_artifacts):
     """Nothing of the backend is registered; ``Engine(lora_backend="intel_xpu")`` and the CLI get the
     reason when the arguments are resolved instead of SGLang's ``Invalid backend`` / ``invalid
     choice``."""
-    result = run_python(INCOMPATIBLE.format(hide_hook_registry=False))
+    result = run_python(INCOMPATIBLE.format(hide_hook_registry=False, model=tiny_artifacts["base"]))
     assert "REGISTERED False PARSES True" in result.stdout, result.stderr[-3000:]
     assert (
         "REFUSED BackendUnavailable --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no "
@@ -95,10 +95,10 @@ def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reas
     assert "not registering" not in result.stderr
 
 
-def test_without_hook_registry_the_reason_is_printed_at_load(run_python):
+def test_without_hook_registry_the_reason_is_printed_at_load(run_python, tiny_artifacts):
     """Where even the refusal cannot be installed, the reason goes to stderr as before, and the
     backend stays unknown to SGLang."""
-    result = run_python(INCOMPATIBLE.format(hide_hook_registry=True))
+    result = run_python(INCOMPATIBLE.format(hide_hook_registry=True, model=tiny_artifacts["base"]))
     assert "REGISTERED False PARSES False" in result.stdout, result.stderr[-3000:]
     assert "[sglang-xpu-lora] not registering LoRA backends: SGLang 0.4.0 is outside the tested range" in result.stderr
 
