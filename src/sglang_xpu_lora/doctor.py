@@ -82,6 +82,9 @@ def check_sglang(report: dict[str, Any], device: Optional[str]) -> None:
     add_plugin_report(report)
     missing = compat.unresolved_targets() if report["problems"] else {}
     report["patch_points"] = [{"symbol": target, "found": target not in missing} for target in targets.ALL]
+    for point in report["patch_points"]:
+        if point["symbol"] in missing and (failure := compat.import_failure(point["symbol"])):
+            point["import_failed"] = failure.module  # the root cause is one of the problems, once
     said = report["problems"] + report["plugin_errors"]
     for line in captured.getvalue().splitlines():
         if line.strip() and not any(text in line for text in said):
@@ -150,7 +153,11 @@ def render_sglang(report: dict[str, Any]) -> list[str]:
         f"{report['sglang'] or 'not installed'} (supported {report['sglang_supported']}), imported with its "
         f"plugins in {report['sglang_seconds']} s", "  SGLang        ", " " * 16,
     )
-    lines.append(f"  patch points  {found}/{len(report['patch_points'])} found")
+    behind = sum(bool(p.get("import_failed")) for p in report["patch_points"])
+    lines.append(
+        f"  patch points  {found}/{len(report['patch_points'])} found"
+        + (f" ({behind} in modules that fail to import: the import error is below)" if behind else "")
+    )
     return lines + render_plugins(report)
 
 

@@ -235,17 +235,37 @@ def group_members(pgid: int) -> list[str]:
     return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
 
 
+def assert_one_plugin_line_per_process(log: str, members: set) -> None:
+    """The server's log at SGLang's default level: the plugin's line once in each process (the
+    launcher, the detokenizer, both ranks' schedulers), each process its own pid; the backend's
+    line once per rank."""
+    loaded = [line for line in log.splitlines() if "sglang-xpu-lora 0.1.0 loaded (SGLang 0.5.23, pid " in line]
+    assert all(line.endswith("): --lora-backend intel_xpu registered") for line in loaded), loaded
+    pids = [line.split(", pid ")[1].split(")")[0] for line in loaded]
+    assert len(pids) == len(set(pids)) >= 4 and set(pids) <= members, (loaded, members)
+    assert sum(" TP0] " in line for line in loaded) == sum(" TP1] " in line for line in loaded) == 1, loaded
+    built = [line for line in log.splitlines() if "] intel_xpu LoRA backend built on cpu (SGLANG_XPU_LORA_KERNELS=torch): " in line]
+    assert sorted(line.split("]")[0].rsplit(" ", 1)[-1] for line in built) == ["TP0", "TP1"], built
+    assert all(line.endswith(
+        "providers eager/in graphs: torch/torch for all 7 ops; LoRA pool: SGLang's packed layout at real ranks, "
+        "slots zeroed before each load"
+    ) for line in built), built
+
+
 def test_sglang_serve_tp2(tiny_artifacts, tokenizer, hf_reference, tmp_path):
-    """One ``sglang serve --tp-size 2`` (portable kernels): the mixed batch; unload and reload under
-    another adapter's weights with requests in flight; a NaN tenant on rank 1; nothing left after."""
+    """One ``sglang serve --tp-size 2`` (portable kernels) at SGLang's default log level: the mixed
+    batch; unload and reload under another adapter's weights with requests in flight; a NaN tenant
+    on rank 1; nothing left after; the plugin's line once per process."""
     nan_dir = tmp_path / "nan-q"
     shutil.copytree(tiny_artifacts["sql-r8"], nan_dir)
     port = serving.free_port()
     url = f"http://127.0.0.1:{port}"
     argv = serving.server_argv(tiny_artifacts, ADAPTERS, port, tp_size=TP, max_loras_per_batch=6)
+    del argv[argv.index("--log-level") : argv.index("--log-level") + 2]
     env = {**serving.cpu_env("torch", tp_size=TP), slot_poison.NAN_ADAPTER_ENV: str(nan_dir), slot_poison.NAN_RANK_ENV: "1"}
     others = [(prompt, lora) for prompt in (P0, P1) for lora in ("qv-r4", "doc-r16", None)]
     with serving.running_server(argv, port, env, tmp_path / "server.log") as proc:
+        members = set(group_members(proc.pid))
         mixed = generate_all(url, tokenizer, [(P0, lora) for lora in (None, *ADAPTERS)])
         with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
             in_flight = {key: pool.submit(generate, url, tokenizer, *key) for key in others * 2}
@@ -273,6 +293,7 @@ def test_sglang_serve_tp2(tiny_artifacts, tokenizer, hf_reference, tmp_path):
     assert any(path.name.startswith("sgl_shm_mq_") for path in mapped), mapped  # the TP broadcast queue
     assert not [path for path in mapped if path.exists()], "the server's /dev/shm files are still there"
     assert group_members(proc.pid) == [], "server processes left behind"
+    assert_one_plugin_line_per_process((tmp_path / "server.log").read_text(), members)
 
 
 def test_two_nodes_form_one_tp2_server(tiny_artifacts, tokenizer, hf_reference, tmp_path):

@@ -51,7 +51,8 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors', "
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
-        "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer']" in result.stdout
+        "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
+        "'sglang.srt.utils.common.configure_logger']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
 
@@ -71,6 +72,32 @@ def test_launch_server_cli_parses_intel_xpu(tiny_artifacts):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "intel_xpu" in result.stdout
+
+
+LOG_LINE = """
+import os
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.utils import configure_logger  # the name SGLang's launcher, schedulers and detokenizer call
+args = prepare_server_args(["--model-path", "{model}"])
+print("CONFIGURING", os.getpid(), flush=True)
+configure_logger(args)
+configure_logger(args)
+"""
+
+
+def test_one_line_per_process_once_sglang_configured_logging(run_python, tiny_artifacts):
+    """Plugins load before SGLang configures logging; the plugin's line (its version, SGLang's, the
+    pid, the backends registered) comes once SGLang has, at its default level, once."""
+    result = run_python(LOG_LINE.format(model=tiny_artifacts["base"]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    pid = result.stdout.split("CONFIGURING ")[1].split()[0]
+    lines = [line for line in result.stderr.splitlines() if "sglang-xpu-lora" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("[") and lines[0].endswith(  # SGLang's format: after configure_logger
+        f"] sglang-xpu-lora 0.1.0 loaded (SGLang 0.5.23, pid {pid}): --lora-backend intel_xpu registered"
+    )
 
 
 VALIDATE = """
@@ -236,9 +263,11 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
 
 
 ROLLBACK = """
+import types
 from sglang.srt.lora.backend import lora_registry
 from sglang.srt.plugins.hook_registry import HookRegistry
 import sglang_xpu_lora.patches.cli_choices as cli_choices
+import sglang_xpu_lora.patches.log_lines as log_lines
 
 events = []
 queue = HookRegistry.register.__func__
@@ -249,15 +278,21 @@ lora_registry.register_lora_backend = lambda name: events.append("backend " + na
 def fail(registry, undo):
     raise RuntimeError("boom")
 
-cli_choices.apply = fail  # the last patch: every other step was taken before it
+log_lines.apply = fail  # the last patch: every other step was taken before it
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang_xpu_lora import plugin
 print("EVENTS", events)
 print("SELECTABLE", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS, "intel_xpu" in cli_choices.lora_backend_choices())
+refusal = ("sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger")
 ours = [(t, h) for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if h.__module__.startswith("sglang_xpu_lora")]
 untouched = object()  # our hooks would read attributes of their arguments; passed through, they do not
-print("PASS-THROUGH", [h(lambda *a, **k: "original", untouched) if "check_lora" not in t else h("result", untouched) for t, h in ours])
+print("PASS-THROUGH", [h(lambda *a, **k: "original", untouched) if "check_lora" not in t else h("result", untouched) for t, h in ours if t not in refusal])
+(refuse,) = [h for t, h in ours if t == refusal[0]]
+try:
+    refuse(types.SimpleNamespace(lora_backend="intel_xpu", enable_lora=True))
+except ValueError as exc:
+    print("REFUSED", exc)
 plugin.load()
 print("STILL", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
 """
@@ -265,8 +300,9 @@ print("STILL", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
 
 def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     """The plugin applies whole or not at all: a patch failing after the others leaves no backend
-    selectable and every queued hook passing straight through, and says what was undone; hooks are
-    queued before any backend is registered."""
+    registered and every queued hook passing straight through, and ``--lora-backend intel_xpu``
+    then fails at validation saying what failed and what was undone; hooks are queued before any
+    backend is registered."""
     result = run_python(ROLLBACK)
     assert result.returncode == 0, result.stderr[-3000:]
     events = next(line for line in result.stdout.splitlines() if line.startswith("EVENTS"))
@@ -284,15 +320,18 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
     ]
-    assert events == "EVENTS " + repr([f"hook {target}" for _, target in hooks] + ["backend intel_xpu"])
-    steps = [f"the {kind} hook on {target}" for kind, target in hooks]
-    steps.insert(2, "the sys.excepthook for argument errors")  # patches.validation's last step
-    undone = "; ".join(f"undid {step}" for step in reversed(steps))
+    refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
+    assert events == "EVENTS " + repr(
+        [f"hook {target}" for _, target in hooks] + ["backend intel_xpu"] + [f"hook {target}" for target in refusal]
+    )
+    undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))
     assert (
-        "[sglang-xpu-lora] not registering LoRA backends: could not patch SGLang: patch cli_choices failed "
-        f"(RuntimeError: boom); rolled back: undid LoRA backend 'intel_xpu'; {undone}\n"
-    ) in result.stderr
-    assert "SELECTABLE False False" in result.stdout
+        "REFUSED --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no LoRA backend in this "
+        "environment because could not patch SGLang: patch log_lines failed (RuntimeError: boom); rolled back: "
+        f"undid --lora-backend choice 'intel_xpu'; undid LoRA backend 'intel_xpu'; {undone}. Run `sglang-xpu-lora doctor`"
+    ) in result.stdout
+    assert "not registering" not in result.stderr  # the refusal carries the reason; nothing printed at load
+    assert "SELECTABLE False True" in result.stdout  # the choice parses, to be refused with the reason
     # AFTER hooks return the result, AROUND hooks call the original, BEFORE hooks change nothing.
     passed = {"AFTER": "result", "AROUND": "original", "BEFORE": None}
     by_target = sorted(hooks, key=lambda hook: hook[1] != hooks[0][1])  # HookRegistry groups by target

@@ -55,6 +55,7 @@ RECEIVERS = {
         "result": targets.LORA_UPDATE_OUTPUT,
     },
     "patches/validation.py": {"cfg": targets.SERVER_ARGS, "server_args": targets.SERVER_ARGS},
+    "patches/refusal.py": {"server_args": targets.SERVER_ARGS},
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
     "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
     "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},

@@ -61,6 +61,7 @@ from sglang_xpu_lora.providers import SelectionLog, capture_probe, native, selec
 from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
 from sglang_xpu_lora.providers.triton_ops import triton_support
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
+from sglang_xpu_lora.settings import KERNELS_ENV
 
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: plugin's pool hook (:meth:`use_memory_pool`); None until then.
         self.lora_memory_pool = None
         self._pool_check_pending = False
+        logger.info("%s", built_line(self.name, device, self.op_selection))
 
     # --- the pool layout this backend's ops need -----------------------------------------------
 
@@ -450,6 +452,27 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         if base_output is not None and base_output.shape[-1] != lora_dim:
             return _onto_leading_columns(base_output, route.expand_gate_up, lora_a_output, gate_up_lora_b, lora_dim // 2)
         return route.expand_gate_up(lora_a_output, gate_up_lora_b, lora_dim // 2, base_output)
+
+
+def built_line(name: str, device, selection) -> str:
+    """The line a backend logs when it is built: the provider of each op eager / in graphs (ops
+    grouped by provider pair), whether native ops in graphs still wait for their trial capture,
+    and the pool layout the ops read (``selection``: an
+    :class:`~sglang_xpu_lora.providers.OpSelection`)."""
+    groups: dict[str, list[str]] = {}
+    for op, choice in selection.choices.items():
+        groups.setdefault(f"{choice.provider}/{selection.graph_choices[op].provider}", []).append(op)
+    ops = "; ".join(
+        f"{pair} for {'all ' + str(len(ops)) + ' ops' if len(ops) == len(selection.choices) else ', '.join(ops)}"
+        for pair, ops in groups.items()
+    )
+    if not selection.graph_decided:
+        ops += " (native ops in graphs once a trial capture at graph set-up accepts them)"
+    pool = "SGLang's packed layout at real ranks" + (", slots zeroed before each load" if selection.needs_zeroed_slots else "")
+    return (
+        f"{name} LoRA backend built on {torch.device(device).type} ({KERNELS_ENV}={selection.mode}): "
+        f"providers eager/in graphs: {ops}; LoRA pool: {pool}"
+    )
 
 
 def _onto_leading_columns(

@@ -8,9 +8,8 @@ validation             ``arg_groups.serving_hook.handle_missing_default_values``
                        ``arg_groups.lora_hook.check_lora_server_args`` (AFTER): device check
                        naming ``--lora-backend`` and ``--device`` (and, without ``--device``,
                        which device SGLang picked and why) when SGLang resolves the device, and
-                       the preflight; ``sys.excepthook`` chained so that such a refusal ends the
-                       launcher with one line. Remove when backends can validate their own
-                       arguments.
+                       the preflight; a refusal ends the launcher with one ``error:`` line.
+                       Remove when backends can validate their own arguments.
 mem_pool               ``LoRAManager.init_memory_pool`` and
                        ``LoRAMemoryPool.load_lora_weight_to_buffer`` (AROUND): slots zeroed
                        before each load for backends that declare it. Remove when SGLang zeroes
@@ -28,11 +27,26 @@ backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
                        backends. Remove when SGLang derives choices from the registry.
+log_lines              ``sglang.srt.utils.common.configure_logger`` (AFTER): the plugin's one line
+                       per process (its version, SGLang's, the backends registered) once SGLang
+                       has configured logging. Remove when SGLang logs the plugins it loaded
+                       after configuring logging.
+=====================  ==========================================================================
+
+Only when the plugin registers no backend (:func:`apply_refusal`, instead of the above):
+
+=====================  ==========================================================================
+refusal                ``ServerArgs.resolve_once`` (BEFORE) and the ``--lora-backend`` choices:
+                       the backend names parse and fail when the arguments are resolved, before
+                       SGLang's own resolution and validation, with the reason the plugin
+                       registered nothing. Remove when SGLang reports unavailable plugin backends.
+log_lines              as above, at WARNING: no LoRA backend registered, and why.
 =====================  ==========================================================================
 
 Order: every hook is queued before any backend becomes selectable (``Engine(lora_backend=...)``
 resolves through the backend registry without argparse, so a backend registered before its pool
-hook would be usable without it). Whole or not at all: each patch records how to undo every step it
+hook would be usable without it), and the log line, which says the backends are registered, comes
+last. Whole or not at all: each patch records how to undo every step it
 takes (:mod:`.undo`); when one raises, :func:`apply_all` undoes all steps taken so far and raises
 :class:`PartialApplicationError`. As a last line of defence the backend itself refuses a memory
 pool without the layout its ops need (``IntelXpuLoRABackend`` checks at its first batch).
@@ -48,11 +62,14 @@ after every general plugin ran.
 
 from __future__ import annotations
 
-from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, mem_pool, validation
+import logging
+from typing import Callable, Iterable
+
+from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, log_lines, mem_pool, refusal, validation
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices)
+PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices, log_lines)
 
 
 class PartialApplicationError(RuntimeError):
@@ -70,9 +87,29 @@ def apply_all(registry: LoRABackendRegistry) -> None:
     Raises:
         PartialApplicationError: when a patch raised; nothing of any patch is left applied.
     """
+    _apply_whole([(patch.__name__.rsplit(".", 1)[-1], lambda undo, patch=patch: patch.apply(registry, undo)) for patch in PATCHES])
+
+
+def apply_refusal(names: Iterable[str], reasons: list[str]) -> None:
+    """Instead of :func:`apply_all`, when the plugin registers no backend: ``--lora-backend NAME``
+    parses for each of ``names`` and fails with ``reasons`` when the server arguments are resolved
+    (:mod:`.refusal`), and each process logs that no backend is registered, and why (:mod:`.log_lines`).
+
+    Raises:
+        PartialApplicationError: when this host lacks what even that needs; nothing is left applied.
+    """
+    names = tuple(names)
+    status = f"no LoRA backend registered: {'; '.join(reasons)}"
+    _apply_whole([
+        ("refusal", lambda undo: refusal.apply(names, reasons, undo)),
+        ("log_lines", lambda undo: log_lines.queue_line(logging.WARNING, status, undo)),
+    ])
+
+
+def _apply_whole(steps: list[tuple[str, Callable[[UndoStack], None]]]) -> None:
     undo = UndoStack()
-    for patch in PATCHES:
+    for name, step in steps:
         try:
-            patch.apply(registry, undo)
+            step(undo)
         except Exception as exc:
-            raise PartialApplicationError(patch.__name__.rsplit(".", 1)[-1], exc, undo.unwind()) from exc
+            raise PartialApplicationError(name, exc, undo.unwind()) from exc

@@ -1,5 +1,5 @@
 """Target: sglang.srt.arg_groups.serving_hook.handle_missing_default_values (AROUND) and
-    sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER); sys.excepthook (chained).
+    sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER).
 Why: a backend that needs a device (``intel_xpu`` needs ``xpu``) must fail at argument resolution
     with a message naming both flags, like SGLang's ``--sampling-backend intel_xpu`` check
     (``validate_device_sampling_backend``), not deep inside a kernel later; likewise a backend
@@ -14,15 +14,14 @@ How: ``handle_missing_default_values`` is the resolution step where SGLang fills
     AFTER hook on ``check_lora_server_args`` runs the preflight (and the device check again, for a
     pipeline where another plugin replaced the resolution step). ``check_server_args`` and the
     resolution pipeline import both functions inside the function, so the patched module
-    attributes are what they call. The excepthook prints :class:`BackendArgumentError` as one
-    ``error:`` line and passes every other exception to the hook it replaced.
+    attributes are what they call. :class:`BackendArgumentError` ends an uncaught launcher with one
+    ``error:`` line.
 Checked against: SGLang 0.5.23.
 Remove when: SGLang lets LoRA backends validate their own arguments.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
@@ -31,9 +30,22 @@ from sglang_xpu_lora.upstream import devices, targets
 from sglang_xpu_lora.upstream.compat import resolve
 
 
-class BackendArgumentError(ValueError):
-    """A plugin backend cannot serve with these server arguments; the message says why and what to
-    do. Uncaught in the launching process it ends the process with that message alone."""
+class BackendArgumentError(SystemExit, ValueError):
+    """A plugin backend cannot serve with these server arguments (a device it cannot run on, its
+    kernels missing, or the plugin could not register it at all: :mod:`.refusal`); the message says
+    why and what to do.
+
+    A ``ValueError`` like SGLang's own validation errors (``except ValueError`` and ``except
+    Exception`` catch it, e.g. around ``sglang.Engine(...)``), and a ``SystemExit`` whose code is
+    ``"error: <message>"``, so a launcher that does not catch it (``sglang serve``, ``python -m
+    sglang.launch_server``) exits with status 1 and prints that one line, not a traceback through
+    SGLang's start-up. (Uncaught in a thread other than the main one, a ``SystemExit`` ends that
+    thread without a message: catch ``ValueError`` around an ``Engine`` built in a thread.)
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = f"error: {message}"
 
 
 def _lora_spec(registry: LoRABackendRegistry, cfg: Any) -> Optional[LoRABackendSpec]:
@@ -95,21 +107,6 @@ def check_backend_device(registry: LoRABackendRegistry, server_args: Any) -> Non
             raise BackendArgumentError(str(exc)) from exc
 
 
-def install_excepthook(undo: UndoStack) -> None:
-    """Chain ``sys.excepthook`` so that an uncaught :class:`BackendArgumentError` prints as
-    ``error: <message>`` without a traceback; undone by restoring the previous hook."""
-    previous = sys.excepthook
-
-    def excepthook(kind, value, traceback):
-        if isinstance(value, BackendArgumentError):
-            print(f"error: {value}", file=sys.stderr)
-        else:
-            previous(kind, value, traceback)
-
-    sys.excepthook = excepthook
-    undo.push("the sys.excepthook for argument errors", lambda: setattr(sys, "excepthook", previous))
-
-
 def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     def around_handle_missing_default_values(original, server_args, *args, **kwargs):
         given = resolve(targets.RESOLVING_VIEW)(server_args).device
@@ -129,4 +126,3 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
 
     queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
     queue_hook(targets.HANDLE_MISSING_DEFAULT_VALUES, around_handle_missing_default_values, "AROUND", undo)
-    install_excepthook(undo)

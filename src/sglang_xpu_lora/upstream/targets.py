@@ -24,6 +24,7 @@ from __future__ import annotations
 LORA_BACKEND_REGISTRY = "sglang.srt.lora.backend.lora_registry.LORA_SUPPORTED_BACKENDS"
 REGISTER_LORA_BACKEND = "sglang.srt.lora.backend.lora_registry.register_lora_backend"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+SERVER_ARGS_RESOLVE_ONCE = SERVER_ARGS + ".resolve_once"  # refused backends fail before resolution
 SERVER_ARGS_FIELD_ARG = "sglang.srt.arg_groups.arg_utils.Arg"
 
 # Hook targets (HookRegistry paths).
@@ -79,6 +80,7 @@ PREFILL_GRAPH_RUNNER_INIT = (
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
 HOOK_TYPE = "sglang.srt.plugins.hook_registry.HookType"
 LOAD_PLUGINS = "sglang.srt.plugins.load_plugins"  # doctor loads the plugins as SGLang does
+CONFIGURE_LOGGER = "sglang.srt.utils.common.configure_logger"  # the plugin's log line follows it
 
 # Classes whose instances the plugin is handed (hook arguments, the parent backend's state); what
 # it reads or sets on them is in REQUIRED_ATTRIBUTES.
@@ -98,6 +100,7 @@ ALL = (
     LORA_BACKEND_REGISTRY,
     REGISTER_LORA_BACKEND,
     SERVER_ARGS,
+    SERVER_ARGS_RESOLVE_ONCE,
     SERVER_ARGS_FIELD_ARG,
     CHECK_LORA_SERVER_ARGS,
     RESOLVING_VIEW,
@@ -138,6 +141,7 @@ ALL = (
     HOOK_REGISTRY,
     HOOK_TYPE,
     LOAD_PLUGINS,
+    CONFIGURE_LOGGER,
     LORA_MANAGER,
     LORA_MEMORY_POOL,
     LORA_ADAPTER,
