@@ -55,6 +55,10 @@ RECEIVERS = {
         "result": targets.LORA_UPDATE_OUTPUT,
     },
     "patches/validation.py": {"cfg": targets.SERVER_ARGS},
+    "patches/embedding_logits.py": {
+        "lm_head": targets.VOCAB_PARALLEL_EMBEDDING_WITH_LORA,
+        "lm_head.lora_backend": targets.TRITON_BACKEND,
+    },
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
     "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
     "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},

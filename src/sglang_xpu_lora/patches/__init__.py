@@ -18,6 +18,13 @@ adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validat
                        load, tensors finite and shaped for the model, nothing left after a failed
                        load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
                        Remove when SGLang honours every ``LoraConfig`` field itself.
+embedding_logits       ``LogitsProcessor.forward`` (AROUND): a model that computes its logits from
+                       its tied ``embed_tokens`` (Gemma, Cohere, MiniCPM, ...) gets the base
+                       embedding as its logits head when LoRA wraps ``embed_tokens`` (SGLang hands
+                       the wrapper over and the scheduler dies: an embedding lookup of hidden
+                       states); PEFT's tied lm_head reads the base weight too. For plugin backends
+                       (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang keeps
+                       the base embedding as the logits head (sglang #7554).
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
@@ -42,11 +49,11 @@ after every general plugin ran.
 
 from __future__ import annotations
 
-from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, mem_pool, validation
+from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, embedding_logits, mem_pool, validation
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices)
+PATCHES = (validation, mem_pool, adapter_checks, embedding_logits, backend_registry, cli_choices)
 
 
 class PartialApplicationError(RuntimeError):

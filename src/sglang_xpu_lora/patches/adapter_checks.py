@@ -8,7 +8,8 @@ Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter
     refused with a bare tensor error; ``modules_to_save``, biases and DoRA-like variants are
     silently ignored; adapters for another hidden size, with only some of q/k/v, with NaN/Inf
     tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
-    their first request; a failed load leaves its config behind.
+    their first request; LoRA on ``lm_head`` of a model that computes its logits from its input
+    embedding (Gemma) is dropped silently; a failed load leaves its config behind.
 How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`):
     * at argument validation, each local ``--lora-paths`` adapter is checked (config, rank
       against ``--max-lora-rank``, finite tensors shaped for the base model's config), so a
@@ -17,8 +18,9 @@ How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_x
       the config, resolves a regular-expression ``target_modules`` against the model, sets
       ``config.r`` to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
     * ``_normalize_weights`` (after the tensors are read into CPU memory, before SGLang stacks
-      q/k/v and gate/up and before any pool slot is written) checks each tensor, folds scales,
-      pads ranks, adds zero slices and sets the adapter's ``scaling``;
+      q/k/v and gate/up and before any pool slot is written) checks each tensor (and refuses LoRA
+      on ``lm_head`` of a model that computes its logits from the input embedding, where SGLang
+      would drop it), folds scales, pads ranks, adds zero slices and sets the adapter's ``scaling``;
     * a failed ``_load_lora_adapter*`` removes the config and weights it left in the manager, so
       a refused adapter leaves nothing behind (HTTP 400; the server keeps serving).
 Checked against: SGLang 0.5.23 (the compat guard checks the parameters and source anchors).
@@ -35,6 +37,7 @@ from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
+from sglang_xpu_lora.adapters.model_checks import check_served_modules, embedding_logits_architecture, hf_model_embedding_logits
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.tensor_checks import (
     ModuleDims,
@@ -57,7 +60,8 @@ PLAN_ATTR = "xpu_lora_plan"
 def check_lora_paths(server_args: Any) -> None:
     """Check every local ``--lora-paths`` adapter served by a backend in scope, before the model
     loads: its config, and its ``adapter_model.safetensors`` tensors (finite; shaped for the base
-    model's config, built on the ``meta`` device).
+    model's config, built on the ``meta`` device; no lm_head LoRA for a model that computes its
+    logits from the input embedding).
 
     Adapters named by a hub id (no local ``adapter_config.json``), and tensors when transformers
     cannot build the base model from its config, are checked when they load.
@@ -71,10 +75,11 @@ def check_lora_paths(server_args: Any) -> None:
         return
     local = [ref for ref in cfg.lora_paths if (Path(ref.lora_path) / "adapter_config.json").is_file()]
     dims = hf_meta_dims(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
+    embedding_logits = hf_model_embedding_logits(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
     problems = []
     for ref in local:
         try:
-            check_local_adapter(ref.lora_name, Path(ref.lora_path), cfg.max_lora_rank, dims)
+            check_local_adapter(ref.lora_name, Path(ref.lora_path), cfg.max_lora_rank, dims, embedding_logits)
         except AdapterRejected as exc:
             problems.append(str(exc))
         except ValueError as exc:  # an unreadable file
@@ -83,20 +88,28 @@ def check_lora_paths(server_args: Any) -> None:
         raise ValueError("\n".join(problems))
 
 
-def check_local_adapter(name: str, path: Path, max_lora_rank: Optional[int], dims: Optional[ModuleDims]) -> None:
-    """Check the adapter in directory ``path``: its config, and with ``dims`` its safetensors.
+def check_local_adapter(
+    name: str, path: Path, max_lora_rank: Optional[int], dims: Optional[ModuleDims], embedding_logits: Optional[str] = None
+) -> None:
+    """Check the adapter in directory ``path``: its config, and its safetensors with ``dims`` (the
+    base model's module shapes) and ``embedding_logits`` (the base model's architecture when it
+    computes its logits from the input embedding).
 
     Raises:
-        AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`
-            and :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors`.
+        AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`,
+            :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors` and
+            :func:`~sglang_xpu_lora.adapters.model_checks.check_served_modules`.
         ValueError: unreadable JSON or safetensors.
     """
     plan = check_adapter_config(name, json.loads((path / "adapter_config.json").read_text()), max_lora_rank)
     weights = path / "adapter_model.safetensors"
-    if dims is not None and weights.is_file():
+    if (dims is not None or embedding_logits is not None) and weights.is_file():
         from safetensors.torch import load_file
 
-        check_tensors(plan, load_file(weights).items(), dims, require_known_modules=False)
+        tensors = load_file(weights)
+        check_served_modules(name, tensors, embedding_logits)
+        if dims is not None:
+            check_tensors(plan, tensors.items(), dims, require_known_modules=False)
 
 
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
@@ -123,11 +136,14 @@ def prepare_weights(adapter: Any) -> None:
     :mod:`sglang_xpu_lora.adapters`.
 
     Raises:
-        AdapterRejected: a non-finite tensor, a wrong shape, or a module the model lacks.
+        AdapterRejected: a non-finite tensor, a wrong shape, a module the model lacks, or LoRA on
+            ``lm_head`` of a model that computes its logits from the input embedding.
     """
     plan = getattr(adapter.config, PLAN_ATTR, None)
     if plan is None:
         return
+    embedding_logits = embedding_logits_architecture([type(adapter.base_model).__name__], adapter.base_hf_config.tie_word_embeddings)
+    check_served_modules(plan.name, adapter.embedding_layers, embedding_logits)
     dims, fused, _ = sglang_module_dims(adapter.base_model)
     layer_weights = [layer.weights for layer in adapter.layers]
     check_tensors(plan, itertools.chain(*(w.items() for w in layer_weights), adapter.embedding_layers.items()), dims)
