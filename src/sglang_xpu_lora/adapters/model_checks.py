@@ -37,11 +37,12 @@ def hf_config_embedding_logits(config: Any) -> Optional[str]:
     return embedding_logits_architecture(config.architectures or (), bool(getattr(text_config, "tie_word_embeddings", True)))
 
 
-def check_served_modules(adapter_name: str, tensor_names: Iterable[str], embedding_logits: Optional[str]) -> None:
+def check_served_modules(adapter_name: str, modules: Iterable[str], embedding_logits: Optional[str]) -> None:
     """Refuse LoRA on ``lm_head`` for a model that computes its logits from the input embedding.
 
-    ``tensor_names``: the adapter's tensor names (PEFT's); ``embedding_logits``: the model's
-    architecture when it computes its logits from the input embedding (see
+    ``modules``: the modules the adapter targets (``target_modules`` names, or PEFT module keys
+    such as ``lm_head``; see :func:`lora_modules` for tensor names); ``embedding_logits``: the
+    model's architecture when it computes its logits from the input embedding (see
     :func:`embedding_logits_architecture`), else None (nothing is refused).
 
     Raises:
@@ -49,15 +50,20 @@ def check_served_modules(adapter_name: str, tensor_names: Iterable[str], embeddi
     """
     if embedding_logits is None:
         return
-    for name in tensor_names:
-        parsed = split_tensor_name(name)
-        if parsed is not None and parsed[0].rpartition(".")[2] == "lm_head":
+    for module in modules:
+        if module.rpartition(".")[2] == "lm_head":
             raise AdapterRejected(
-                f"LoRA adapter {adapter_name!r} cannot be served: it has LoRA on {parsed[0]}, but {embedding_logits} "
+                f"LoRA adapter {adapter_name!r} cannot be served: it has LoRA on {module}, but {embedding_logits} "
                 "computes its logits from its input embedding (embed_tokens, tied), where SGLang applies no lm_head "
                 "LoRA; train the adapter without lm_head in target_modules (LoRA on embed_tokens is served), or "
                 "merge it into the base model (PeftModel.merge_and_unload) and serve that"
             )
+
+
+def lora_modules(tensor_names: Iterable[str]) -> list[str]:
+    """The PEFT module keys that ``tensor_names`` hold LoRA factors for (``lm_head``,
+    ``model.layers.0.self_attn.q_proj``, ...)."""
+    return [parsed[0] for parsed in map(split_tensor_name, tensor_names) if parsed is not None]
 
 
 def hf_model_embedding_logits(model_path: str, trust_remote_code: bool = False) -> Optional[str]:

@@ -37,7 +37,12 @@ from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, resolve_target_regex
-from sglang_xpu_lora.adapters.model_checks import check_served_modules, embedding_logits_architecture, hf_model_embedding_logits
+from sglang_xpu_lora.adapters.model_checks import (
+    check_served_modules,
+    embedding_logits_architecture,
+    hf_model_embedding_logits,
+    lora_modules,
+)
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.tensor_checks import (
     ModuleDims,
@@ -102,14 +107,27 @@ def check_local_adapter(
         ValueError: unreadable JSON or safetensors.
     """
     plan = check_adapter_config(name, json.loads((path / "adapter_config.json").read_text()), max_lora_rank)
+    if not plan.target_regex:
+        check_served_modules(name, _target_names(plan.target_modules), embedding_logits)
     weights = path / "adapter_model.safetensors"
     if (dims is not None or embedding_logits is not None) and weights.is_file():
         from safetensors.torch import load_file
 
         tensors = load_file(weights)
-        check_served_modules(name, tensors, embedding_logits)
+        check_served_modules(name, lora_modules(tensors), embedding_logits)
         if dims is not None:
             check_tensors(plan, tensors.items(), dims, require_known_modules=False)
+
+
+def _target_names(target_modules: Any) -> list[str]:
+    """``target_modules`` as a list of names ('all' / 'all-linear' name no module)."""
+    return [] if target_modules is None or isinstance(target_modules, str) else list(target_modules)
+
+
+def _embedding_logits(base_model: Any, text_config: Any) -> Optional[str]:
+    """The served model's architecture when it computes its logits from the input embedding (see
+    :func:`~sglang_xpu_lora.adapters.model_checks.embedding_logits_architecture`), else None."""
+    return embedding_logits_architecture([type(base_model).__name__], bool(getattr(text_config, "tie_word_embeddings", True)))
 
 
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
@@ -117,7 +135,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     ``target_modules`` list, ``r`` = the served rank, and the plan attached as :data:`PLAN_ATTR`.
 
     Raises:
-        AdapterRejected: a refused field, or a rank above the memory pool's ``max_lora_rank``.
+        AdapterRejected: a refused field, a rank above the memory pool's ``max_lora_rank``, or
+            ``lm_head`` targeted on a model that computes its logits from the input embedding.
     """
     pool = getattr(manager, "memory_pool", None)
     # Before the pool exists (start-up adapters), the bound is --max-lora-rank when it was given.
@@ -127,6 +146,7 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
         logger.warning(warning)
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
+    check_served_modules(plan.name, _target_names(lora_config.target_modules), _embedding_logits(manager.base_model, manager.base_hf_config))
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)
 
@@ -142,8 +162,7 @@ def prepare_weights(adapter: Any) -> None:
     plan = getattr(adapter.config, PLAN_ATTR, None)
     if plan is None:
         return
-    embedding_logits = embedding_logits_architecture([type(adapter.base_model).__name__], adapter.base_hf_config.tie_word_embeddings)
-    check_served_modules(plan.name, adapter.embedding_layers, embedding_logits)
+    check_served_modules(plan.name, lora_modules(adapter.embedding_layers), _embedding_logits(adapter.base_model, adapter.base_hf_config))
     dims, fused, _ = sglang_module_dims(adapter.base_model)
     layer_weights = [layer.weights for layer in adapter.layers]
     check_tensors(plan, itertools.chain(*(w.items() for w in layer_weights), adapter.embedding_layers.items()), dims)

@@ -192,7 +192,7 @@ REQUIRED_ATTRIBUTES = {
     SERVER_ARGS_FIELD_ARG: ("choices",),
     HOOK_REGISTRY: ("register",),
     HOOK_TYPE: ("AROUND", "AFTER", "BEFORE"),
-    LORA_MANAGER: ("base_model", "lora_backend", "memory_pool", "configs", "loras"),
+    LORA_MANAGER: ("base_model", "base_hf_config", "lora_backend", "memory_pool", "configs", "loras"),
     LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
     LORA_ADAPTER: ("config", "base_model", "base_hf_config", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
