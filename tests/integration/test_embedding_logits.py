@@ -145,3 +145,26 @@ def test_argument_validation_refuses_lm_head_lora_on_the_tiny_gemma(gemma, tiny_
     check_local_adapter("qv-r4", gemma["qv-r4"], 32, None, architecture)
     assert hf_model_embedding_logits(str(tiny_artifacts["base"])) is None  # the tiny Llama: untied
     check_local_adapter("emb-head-r8", tiny_artifacts["emb-head-r8"], 32, None, None)
+
+
+@pytest.mark.parametrize(
+    "backend, checks, unwrapped",
+    [("intel_xpu", "plugin", True), ("torch_native", "plugin", False), ("torch_native", "all", True)],
+)
+def test_the_logits_head_is_the_base_embedding_for_backends_in_scope(backend, checks, unwrapped, monkeypatch):
+    """The logits processor gets the base embedding instead of its LoRA wrapper where the adapter
+    checks apply (SGLang's own backends keep upstream behaviour unless opted in)."""
+    import types
+
+    import torch
+    from sglang.srt.lora.layers import VocabParallelEmbeddingWithLoRA
+
+    from sglang_xpu_lora.patches.embedding_logits import logits_head
+    from sglang_xpu_lora.settings import ADAPTER_CHECKS_ENV
+
+    wrapper = VocabParallelEmbeddingWithLoRA.__new__(VocabParallelEmbeddingWithLoRA)
+    torch.nn.Module.__init__(wrapper)
+    wrapper.base_layer, wrapper.lora_backend = torch.nn.Identity(), types.SimpleNamespace(name=backend)
+    monkeypatch.setenv(ADAPTER_CHECKS_ENV, checks)
+    assert (logits_head(wrapper) is wrapper.base_layer) is unwrapped
+    assert logits_head(wrapper.base_layer) is wrapper.base_layer

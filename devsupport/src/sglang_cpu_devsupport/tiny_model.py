@@ -43,10 +43,12 @@ EMBEDDING_ADAPTER = AdapterSpec("emb-head-r8", rank=8, alpha=16, target_modules=
 
 #: The tiny base models by architecture: transformers' config and model class names and the settings
 #: that differ from the shared ones. Gemma computes its logits from its ``embed_tokens`` (tied
-#: word embeddings), which SGLang's Gemma hands to the logits processor as the lm_head.
+#: word embeddings), which SGLang's Gemma hands to the logits processor as the lm_head. Its MLP uses
+#: the exact GELU: SGLang 0.5.23's Gemma computes that whatever the config says, and transformers
+#: reads "gelu" as the tanh form, "gelu_python" as the exact one.
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"tie_word_embeddings": True, "hidden_act": "gelu_python"}),
 }
 
 

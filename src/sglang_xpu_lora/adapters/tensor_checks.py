@@ -98,7 +98,8 @@ def check_tensors(
         out_features, in_features = expected_dims
         expected = (rank, in_features) if factor == "A" else (out_features, rank)
         if tuple(tensor.shape) != expected:
-            _reject(plan, f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected} for this base model: {shape_difference(key, factor, tuple(tensor.shape), expected)}")
+            difference = shape_difference(key, factor, tuple(tensor.shape), expected)
+            _reject(plan, f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected} for this base model: {difference}")
     for key, present in factors.items():
         if present != {"A", "B"}:
             missing = ({"A", "B"} - present).pop()
@@ -133,7 +134,10 @@ def shape_difference(module_key: str, factor: str, shape: tuple[int, ...], expec
     modules not listed).
     """
     if len(shape) != len(expected):
-        return f"it has {len(shape)} dimensions where a LoRA factor has {len(expected)}; the adapter file is not a PEFT LoRA adapter for this model"
+        return (
+            f"it has {len(shape)} dimensions where a LoRA factor has {len(expected)}; "
+            "the adapter file is not a PEFT LoRA adapter for this model"
+        )
     leaf = module_key.rpartition(".")[2]
     axis = 1 if factor == "A" else 0
     default = (f"input size of {leaf}", f"output size of {leaf}")

@@ -146,7 +146,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
         logger.warning(warning)
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
-    check_served_modules(plan.name, _target_names(lora_config.target_modules), _embedding_logits(manager.base_model, manager.base_hf_config))
+    embedding_logits = _embedding_logits(manager.base_model, manager.base_hf_config)
+    check_served_modules(plan.name, _target_names(lora_config.target_modules), embedding_logits)
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)
 
@@ -162,7 +163,8 @@ def prepare_weights(adapter: Any) -> None:
     plan = getattr(adapter.config, PLAN_ATTR, None)
     if plan is None:
         return
-    check_served_modules(plan.name, lora_modules(adapter.embedding_layers), _embedding_logits(adapter.base_model, adapter.base_hf_config))
+    embedding_logits = _embedding_logits(adapter.base_model, adapter.base_hf_config)
+    check_served_modules(plan.name, lora_modules(adapter.embedding_layers), embedding_logits)
     dims, fused, _ = sglang_module_dims(adapter.base_model)
     layer_weights = [layer.weights for layer in adapter.layers]
     check_tensors(plan, itertools.chain(*(w.items() for w in layer_weights), adapter.embedding_layers.items()), dims)
