@@ -151,7 +151,7 @@ def test_argument_validation_refuses_lm_head_lora_on_the_tiny_gemma(gemma, tiny_
     "backend, checks, unwrapped",
     [("intel_xpu", "plugin", True), ("torch_native", "plugin", False), ("torch_native", "all", True)],
 )
-def test_the_logits_head_is_the_base_embedding_for_backends_in_scope(backend, checks, unwrapped, monkeypatch):
+def test_the_logits_head_is_the_base_embedding_for_backends_in_scope(backend, checks, unwrapped, sglang_plugins_loaded, monkeypatch):
     """The logits processor gets the base embedding instead of its LoRA wrapper where the adapter
     checks apply (SGLang's own backends keep upstream behaviour unless opted in)."""
     import types
