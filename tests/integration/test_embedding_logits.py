@@ -11,6 +11,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_cpu_devsupport import tiny_model
 from sglang_xpu_lora.adapters import AdapterRejected
@@ -156,7 +157,6 @@ def test_the_logits_head_is_the_base_embedding_for_backends_in_scope(backend, ch
     checks apply (SGLang's own backends keep upstream behaviour unless opted in)."""
     import types
 
-    import torch
     from sglang.srt.lora.layers import VocabParallelEmbeddingWithLoRA
 
     from sglang_xpu_lora.patches.embedding_logits import logits_head
@@ -168,3 +168,24 @@ def test_the_logits_head_is_the_base_embedding_for_backends_in_scope(backend, ch
     monkeypatch.setenv(ADAPTER_CHECKS_ENV, checks)
     assert (logits_head(wrapper) is wrapper.base_layer) is unwrapped
     assert logits_head(wrapper.base_layer) is wrapper.base_layer
+
+
+@pytest.mark.parametrize("target_modules", [["lm_head", "q_proj"], r"(lm_head|.*\.q_proj)"])
+def test_lm_head_lora_is_refused_when_it_loads_on_gemma(target_modules):
+    """At run time, before any tensor is read: from the target list, and from a regular expression
+    that selects lm_head (Gemma has no lm_head module to resolve it against)."""
+    import types
+
+    from sglang_xpu_lora.patches.adapter_checks import plan_adapter
+
+    class GemmaForCausalLM(torch.nn.Module):  # only the class name and no lm_head matter here
+        pass
+
+    manager = types.SimpleNamespace(
+        base_model=GemmaForCausalLM(), base_hf_config=types.SimpleNamespace(tie_word_embeddings=True),
+        memory_pool=types.SimpleNamespace(max_lora_rank=32),
+    )
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": target_modules}
+    lora_config = types.SimpleNamespace(hf_config=config, target_modules=target_modules, r=8)
+    with pytest.raises(AdapterRejected, match=r"'head' cannot be served: it has LoRA on lm_head, but GemmaForCausalLM"):
+        plan_adapter(manager, lora_config, types.SimpleNamespace(lora_name="head"))

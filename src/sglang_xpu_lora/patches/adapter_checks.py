@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -144,10 +145,11 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, max_lora_rank)
     for warning in plan.warnings:
         logger.warning(warning)
+    # A regular expression is matched against "lm_head" itself: the model may have no lm_head to resolve it against.
+    targeted = ["lm_head"] if plan.target_regex and re.fullmatch(plan.target_regex, "lm_head") else _target_names(plan.target_modules)
+    check_served_modules(plan.name, targeted, _embedding_logits(manager.base_model, manager.base_hf_config))
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
-    embedding_logits = _embedding_logits(manager.base_model, manager.base_hf_config)
-    check_served_modules(plan.name, _target_names(lora_config.target_modules), embedding_logits)
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)
 
