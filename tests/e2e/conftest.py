@@ -39,20 +39,22 @@ def hf_reference(tiny_artifacts, tokenizer):
 
 @pytest.fixture(scope="session")
 def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
-    """``run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1)`` serves each round
-    in order through one engine in a fresh process, at ``--tp-size tp_size`` (with the CPU engine's
-    TP settings, ``serving.cpu_env(tp_size=...)``). A round is a list of ``(prompt, lora)``, or a
-    ``{"load": {...}}`` / ``{"unload": {...}}`` action (see ``sglang_cpu_devsupport.engine_batch``).
+    """``run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1, artifacts=None)`` serves
+    each round in order through one engine in a fresh process, at ``--tp-size tp_size`` (with the CPU
+    engine's TP settings, ``serving.cpu_env(tp_size=...)``), on ``artifacts`` (``{"base": ...,
+    <adapter>: ...}``, the session's tiny Llama by default; the tokenizer is the same for every tiny
+    base). A round is a list of ``(prompt, lora)``, or a ``{"load": {...}}`` / ``{"unload": {...}}``
+    action (see ``sglang_cpu_devsupport.engine_batch``).
 
     Returns ``(results, kernels)``: per round, a dict ``(prompt, lora) -> output`` (the action's
     response for an action); and the set of emulated sgl-kernel-xpu kernels that ran. Every run is
     checked to leave nothing in ``/dev/shm`` or its ``$TMPDIR`` (see :func:`run_leaving_nothing`).
     """
 
-    def run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1):
+    def run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1, artifacts=None):
         work = tmp_path_factory.mktemp(name)
         spec = {
-            "artifacts": {key: str(path) for key, path in tiny_artifacts.items()},
+            "artifacts": {key: str(path) for key, path in (artifacts or tiny_artifacts).items()},
             "adapters": list(adapters),
             "rounds": [
                 batch if isinstance(batch, dict)

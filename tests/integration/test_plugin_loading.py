@@ -47,6 +47,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "HOOKS ['sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.serving_hook.handle_missing_default_values', "
+        "'sglang.srt.layers.logits_processor.LogitsProcessor.forward', "
         "'sglang.srt.lora.lora.LoRAAdapter._normalize_weights', "
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter', "
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors', "
@@ -321,6 +322,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"),
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
+        ("AROUND", "sglang.srt.layers.logits_processor.LogitsProcessor.forward"),  # patches.embedding_logits
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
     assert events == "EVENTS " + repr(

@@ -56,6 +56,10 @@ RECEIVERS = {
     },
     "patches/validation.py": {"cfg": targets.SERVER_ARGS, "server_args": targets.SERVER_ARGS},
     "patches/refusal.py": {"server_args": targets.SERVER_ARGS},
+    "patches/embedding_logits.py": {
+        "lm_head": targets.VOCAB_PARALLEL_EMBEDDING_WITH_LORA,
+        "lm_head.lora_backend": targets.TRITON_BACKEND,
+    },
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
     "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
     "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},

@@ -1,4 +1,4 @@
-"""Build a tiny Llama model, its tokenizer and PEFT LoRA adapters locally (no hub access).
+"""Build a tiny Llama (or Gemma) model, its tokenizer and PEFT LoRA adapters locally (no hub access).
 
 Everything is deterministic (fixed seeds, a sorted training corpus from the running interpreter's
 standard library), so the tests and the example always see the same weights.
@@ -41,6 +41,16 @@ ADAPTER_NAMES = tuple(spec.name for spec in DEFAULT_ADAPTERS)
 #: An adapter on the input embedding and the lm_head (plus q/v), rank below the pool's maximum.
 EMBEDDING_ADAPTER = AdapterSpec("emb-head-r8", rank=8, alpha=16, target_modules=("embed_tokens", "lm_head", "q_proj", "v_proj"), seed=4)
 
+#: The tiny base models by architecture: transformers' config and model class names and the settings
+#: that differ from the shared ones. Gemma computes its logits from its ``embed_tokens`` (tied
+#: word embeddings), which SGLang's Gemma hands to the logits processor as the lm_head. Its MLP uses
+#: the exact GELU: SGLang 0.5.23's Gemma computes that whatever the config says, and transformers
+#: reads "gelu" as the tanh form, "gelu_python" as the exact one.
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"tie_word_embeddings": True, "hidden_act": "gelu_python"}),
+}
+
 
 def _train_tokenizer(out_dir: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -63,10 +73,11 @@ def _train_tokenizer(out_dir: Path) -> None:
     ).save_pretrained(out_dir)
 
 
-def _build_base(out_dir: Path, seed: int, **overrides: Any) -> None:
+def _build_base(out_dir: Path, seed: int, architecture: str = "llama", **overrides: Any) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
+    config_class, model_class, architecture_settings = ARCHITECTURES[architecture]
     settings = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
@@ -76,15 +87,14 @@ def _build_base(out_dir: Path, seed: int, **overrides: Any) -> None:
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=2048,
-        tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=2,
         dtype="float32",
     )
-    config = LlamaConfig(**{**settings, **overrides})
+    config = getattr(transformers, config_class)(**{**settings, **architecture_settings, **overrides})
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = getattr(transformers, model_class)(config)
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() >= 2:
@@ -117,23 +127,25 @@ def build_all(
     adapters: Sequence[AdapterSpec] = DEFAULT_ADAPTERS,
     seed: int = 0,
     progress: Optional[callable] = None,
+    architecture: str = "llama",
 ) -> dict[str, Path]:
-    """Build (or reuse) the tokenizer, base model and adapters under ``root``.
+    """Build (or reuse) the tokenizer, base model (one of :data:`ARCHITECTURES`) and adapters under
+    ``root``.
 
     Returns ``{"base": path, <adapter name>: path, ...}``. A directory is reused when its
     ``build.json`` matches the requested spec, so repeated runs cost nothing.
     """
     report = progress or (lambda message: None)
     root = Path(root)
-    base_dir = root / "tiny-llama"
+    base_dir = root / f"tiny-{architecture}"
     paths = {"base": base_dir}
-    base_key = {"seed": seed, "vocab": VOCAB_SIZE, "version": 1}
+    base_key = {"seed": seed, "vocab": VOCAB_SIZE, "version": 1, "architecture": architecture}
     if not _is_built(base_dir, base_key):
         report("training the byte-level BPE tokenizer on the local standard library")
         base_dir.mkdir(parents=True, exist_ok=True)
         _train_tokenizer(base_dir)
-        report("building the tiny Llama base model (2 layers, hidden 128)")
-        _build_base(base_dir, seed)
+        report(f"building the tiny {ARCHITECTURES[architecture][1]} base model (2 layers, hidden 128)")
+        _build_base(base_dir, seed, architecture)
         _mark_built(base_dir, base_key)
     for spec in adapters:
         out = root / spec.name
@@ -144,7 +156,7 @@ def build_all(
             if spec.base_overrides:
                 trained_on = root / f"{spec.name}-base"
                 trained_on.mkdir(parents=True, exist_ok=True)
-                _build_base(trained_on, seed, **spec.base_overrides)
+                _build_base(trained_on, seed, architecture, **spec.base_overrides)
             report(f"building PEFT LoRA adapter {spec.name} (rank {spec.rank}, target modules {targets})")
             _build_adapter(trained_on, out, spec)
             _mark_built(out, key)

@@ -98,15 +98,54 @@ def check_tensors(
         out_features, in_features = expected_dims
         expected = (rank, in_features) if factor == "A" else (out_features, rank)
         if tuple(tensor.shape) != expected:
-            _reject(
-                plan,
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected} for this base model; "
-                "the adapter was trained for another model (hidden size or head count differ)",
-            )
+            difference = shape_difference(key, factor, tuple(tensor.shape), expected)
+            _reject(plan, f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected} for this base model: {difference}")
     for key, present in factors.items():
         if present != {"A", "B"}:
             missing = ({"A", "B"} - present).pop()
             _reject(plan, f"module {key} has lora_{present.pop()} but no lora_{missing}; the adapter file is incomplete")
+
+
+#: Module leaf name -> (what its in_features are, what its out_features are), in the words of the
+#: model's config (LoRA-A is ``(r, in_features)``, LoRA-B ``(out_features, r)``; an embedding's
+#: "in" is the vocabulary, PEFT's ``lora_embedding_A`` being ``(r, vocab)``).
+MODULE_DIMENSIONS = {
+    "embed_tokens": ("vocabulary size", "hidden size"),
+    "lm_head": ("hidden size", "vocabulary size"),
+    "q_proj": ("hidden size", "query width (attention heads x head dim)"),
+    "k_proj": ("hidden size", "key width (key/value heads x head dim)"),
+    "v_proj": ("hidden size", "value width (key/value heads x head dim)"),
+    "qkv_proj": ("hidden size", "q/k/v width (attention and key/value heads x head dim)"),
+    "o_proj": ("attention width (attention heads x head dim)", "hidden size"),
+    "gate_proj": ("hidden size", "intermediate size"),
+    "up_proj": ("hidden size", "intermediate size"),
+    "gate_up_proj": ("hidden size", "intermediate size (x2, gate and up)"),
+    "down_proj": ("intermediate size", "hidden size"),
+}
+
+
+def shape_difference(module_key: str, factor: str, shape: tuple[int, ...], expected: tuple[int, int]) -> str:
+    """Which dimension of the model an adapter tensor's wrong ``shape`` disagrees on, in words:
+    ``"the vocabulary size differs, 1030 in the adapter and 1024 in the base model; ..."``.
+
+    ``factor`` is ``"A"`` (``expected`` = ``(r, in_features)``) or ``"B"`` (``(out_features, r)``),
+    the rank already matching; the dimension is named from :data:`MODULE_DIMENSIONS` by the
+    module's last name component (``input size of <module>`` / ``output size of <module>`` for
+    modules not listed).
+    """
+    if len(shape) != len(expected):
+        return (
+            f"it has {len(shape)} dimensions where a LoRA factor has {len(expected)}; "
+            "the adapter file is not a PEFT LoRA adapter for this model"
+        )
+    leaf = module_key.rpartition(".")[2]
+    axis = 1 if factor == "A" else 0
+    default = (f"input size of {leaf}", f"output size of {leaf}")
+    dimension = MODULE_DIMENSIONS.get(leaf, default)[0 if factor == "A" else 1]
+    difference = f"the {dimension} differs, {shape[axis]} in the adapter and {expected[axis]} in the base model"
+    if dimension == "vocabulary size":
+        return f"{difference}; the adapter was trained with a resized vocabulary (or for another model), which multi-LoRA does not serve"
+    return f"{difference}; the adapter was trained for another model"
 
 
 def _saved_base_embedding(name: str) -> Optional[str]:

@@ -23,6 +23,13 @@ adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validat
                        has and no added tokens, for ``--lora-paths`` before the model loads; for
                        plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
                        Remove when SGLang honours every ``LoraConfig`` field itself.
+embedding_logits       ``LogitsProcessor.forward`` (AROUND): a model that computes its logits from
+                       its tied ``embed_tokens`` (Gemma, Cohere, MiniCPM, ...) gets the base
+                       embedding as its logits head when LoRA wraps ``embed_tokens`` (SGLang hands
+                       the wrapper over and the scheduler dies: an embedding lookup of hidden
+                       states); PEFT's tied lm_head reads the base weight too. For plugin backends
+                       (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang keeps
+                       the base embedding as the logits head (sglang #7554).
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
@@ -65,11 +72,13 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from sglang_xpu_lora.patches import adapter_checks, backend_registry, cli_choices, log_lines, mem_pool, refusal, validation
+from sglang_xpu_lora.patches import (
+    adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal, validation,
+)
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (validation, mem_pool, adapter_checks, backend_registry, cli_choices, log_lines)
+PATCHES = (validation, mem_pool, adapter_checks, embedding_logits, backend_registry, cli_choices, log_lines)
 
 
 class PartialApplicationError(RuntimeError):

@@ -8,9 +8,11 @@ Why: SGLang reads only ``r``, ``lora_alpha`` and ``target_modules`` of ``adapter
     refused with a bare tensor error; ``modules_to_save``, biases and DoRA-like variants are
     silently ignored; adapters for another hidden size, with only some of q/k/v, with NaN/Inf
     tensors, or above ``--max-lora-rank`` in ``--lora-paths`` load and then kill the server on
-    their first request; a failed load leaves its config behind. A mistyped local path is read as a
-    Hub id ("Repo id must be in the form ..."), and a path without weights, a target module the
-    model lacks or added tokens in ``--lora-paths`` kill the server after the model load.
+    their first request; LoRA on ``lm_head`` of a model that computes its logits from its input
+    embedding (Gemma) is dropped silently; a failed load leaves its config behind. A mistyped local
+    path is read as a Hub id ("Repo id must be in the form ..."), and a path without weights, a
+    target module the model lacks or added tokens in ``--lora-paths`` kill the server after the
+    model load.
 How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`):
     * at argument validation, each ``--lora-paths`` adapter given by a local path is checked (the
       directory, ``adapter_config.json`` and a weights file; config, rank against
@@ -24,8 +26,9 @@ How: (see :mod:`sglang_xpu_lora.adapters`) for adapters in scope (:mod:`sglang_x
       target modules against the model and the pool and refuses added tokens, sets ``config.r``
       to the served rank and attaches the :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`;
     * ``_normalize_weights`` (after the tensors are read into CPU memory, before SGLang stacks
-      q/k/v and gate/up and before any pool slot is written) checks each tensor, folds scales,
-      pads ranks, adds zero slices and sets the adapter's ``scaling``;
+      q/k/v and gate/up and before any pool slot is written) checks each tensor (and refuses LoRA
+      on ``lm_head`` of a model that computes its logits from the input embedding, where SGLang
+      would drop it), folds scales, pads ranks, adds zero slices and sets the adapter's ``scaling``;
     * a failed ``_load_lora_adapter*`` removes the config and weights it left in the manager, so
       a refused adapter leaves nothing behind (HTTP 400; the server keeps serving).
 Checked against: SGLang 0.5.23 (the compat guard checks the parameters and source anchors).
@@ -38,12 +41,19 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
 from sglang_xpu_lora.adapters.adapter_files import ADAPTER_CONFIG, check_added_tokens, check_adapter_files, read_added_tokens
 from sglang_xpu_lora.adapters.config_checks import check_adapter_config, check_target_modules, resolve_target_regex
+from sglang_xpu_lora.adapters.model_checks import (
+    check_served_modules,
+    embedding_logits_architecture,
+    hf_model_embedding_logits,
+    lora_modules,
+)
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.tensor_checks import (
     ModuleDims,
@@ -65,7 +75,11 @@ PLAN_ATTR = "xpu_lora_plan"
 
 
 def check_lora_paths(server_args: Any) -> None:
-    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads.
+    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads:
+    local paths and their files, the config, and with the base model's config (its model built on
+    the ``meta`` device) the target modules, added tokens and ``adapter_model.safetensors`` tensors
+    (finite, shaped for the model; no lm_head LoRA for a model that computes its logits from the
+    input embedding).
 
     A local path (see :func:`~sglang_xpu_lora.adapters.adapter_files.is_local_reference`) must be
     a directory with ``adapter_config.json`` and a weights file; its config is checked, and, against
@@ -93,11 +107,12 @@ def check_lora_paths(server_args: Any) -> None:
         if directory is not None:
             local.append((ref, directory))
     model = hf_meta_model(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
+    embedding_logits = hf_model_embedding_logits(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
     served = set(cfg.lora_target_modules or ())
     base = None if model is None else BaseModelFacts.of_hf_model(model, None if "all" in served or not served else served)
     for ref, directory in local:
         try:
-            check_local_adapter(ref.lora_name, directory, cfg.max_lora_rank, base)
+            check_local_adapter(ref.lora_name, directory, cfg.max_lora_rank, base, embedding_logits)
         except AdapterRejected as exc:
             problems.append(str(exc))
         except ValueError as exc:  # an unreadable file
@@ -126,27 +141,50 @@ class BaseModelFacts:
         return cls(hf_module_dims(model), frozenset(names), vocab_size, served)
 
 
-def check_local_adapter(name: str, path: Path, max_lora_rank: Optional[int], base: Optional[BaseModelFacts]) -> None:
-    """Check the adapter in directory ``path``: its config, and with ``base`` its target modules,
-    added tokens and safetensors.
+def check_local_adapter(
+    name: str,
+    path: Path,
+    max_lora_rank: Optional[int],
+    base: Optional[BaseModelFacts],
+    embedding_logits: Optional[str] = None,
+) -> None:
+    """Check the adapter in directory ``path``: its config; with ``base`` its target modules, added
+    tokens and safetensors; with ``embedding_logits`` (the base model's architecture when it
+    computes its logits from the input embedding) that it has no lm_head LoRA.
 
     Raises:
         AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`,
             :func:`~sglang_xpu_lora.adapters.config_checks.check_target_modules`,
-            :func:`~sglang_xpu_lora.adapters.adapter_files.check_added_tokens` and
-            :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors`.
+            :func:`~sglang_xpu_lora.adapters.adapter_files.check_added_tokens`,
+            :func:`~sglang_xpu_lora.adapters.tensor_checks.check_tensors` and
+            :func:`~sglang_xpu_lora.adapters.model_checks.check_served_modules`.
         ValueError: unreadable JSON or safetensors.
     """
     plan = check_adapter_config(name, json.loads((path / ADAPTER_CONFIG).read_text()), max_lora_rank)
-    if base is None:
-        return
-    check_target_modules(name, plan.target_modules, base.module_names, _normalize, base.served_modules)
-    check_added_tokens(name, read_added_tokens(path), base.vocab_size)
+    if not plan.target_regex:
+        check_served_modules(name, _target_names(plan.target_modules), embedding_logits)
+    if base is not None:
+        check_target_modules(name, plan.target_modules, base.module_names, _normalize, base.served_modules)
+        check_added_tokens(name, read_added_tokens(path), base.vocab_size)
     weights = path / "adapter_model.safetensors"
-    if weights.is_file():
+    if (base is not None or embedding_logits is not None) and weights.is_file():
         from safetensors.torch import load_file
 
-        check_tensors(plan, load_file(weights).items(), base.dims, require_known_modules=False)
+        tensors = load_file(weights)
+        check_served_modules(name, lora_modules(tensors), embedding_logits)
+        if base is not None:
+            check_tensors(plan, tensors.items(), base.dims, require_known_modules=False)
+
+
+def _target_names(target_modules: Any) -> list[str]:
+    """``target_modules`` as a list of names ('all' / 'all-linear' name no module)."""
+    return [] if target_modules is None or isinstance(target_modules, str) else list(target_modules)
+
+
+def _embedding_logits(base_model: Any, text_config: Any) -> Optional[str]:
+    """The served model's architecture when it computes its logits from the input embedding (see
+    :func:`~sglang_xpu_lora.adapters.model_checks.embedding_logits_architecture`), else None."""
+    return embedding_logits_architecture([type(base_model).__name__], bool(getattr(text_config, "tie_word_embeddings", True)))
 
 
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
@@ -155,7 +193,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
 
     Raises:
         AdapterRejected: a refused field, a rank above the memory pool's ``max_lora_rank``, a
-            target module the model (or the pool) lacks, or tokens added to the vocabulary.
+            target module the model (or the pool) lacks, tokens added to the vocabulary, or
+            ``lm_head`` targeted on a model that computes its logits from the input embedding.
     """
     pool = getattr(manager, "memory_pool", None)
     # Before the pool exists (start-up adapters), the bound is --max-lora-rank when it was given.
@@ -163,6 +202,9 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, max_lora_rank)
     for warning in plan.warnings:
         logger.warning(warning)
+    # A regular expression is matched against "lm_head" itself: the model may have no lm_head to resolve it against.
+    targeted = ["lm_head"] if plan.target_regex and re.fullmatch(plan.target_regex, "lm_head") else _target_names(plan.target_modules)
+    check_served_modules(plan.name, targeted, _embedding_logits(manager.base_model, manager.base_hf_config))
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
     # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.
@@ -185,11 +227,14 @@ def prepare_weights(adapter: Any) -> None:
     :mod:`sglang_xpu_lora.adapters`.
 
     Raises:
-        AdapterRejected: a non-finite tensor, a wrong shape, or a module the model lacks.
+        AdapterRejected: a non-finite tensor, a wrong shape, a module the model lacks, or LoRA on
+            ``lm_head`` of a model that computes its logits from the input embedding.
     """
     plan = getattr(adapter.config, PLAN_ATTR, None)
     if plan is None:
         return
+    embedding_logits = _embedding_logits(adapter.base_model, adapter.base_hf_config)
+    check_served_modules(plan.name, lora_modules(adapter.embedding_layers), embedding_logits)
     dims, fused, _ = sglang_module_dims(adapter.base_model)
     layer_weights = [layer.weights for layer in adapter.layers]
     check_tensors(plan, itertools.chain(*(w.items() for w in layer_weights), adapter.embedding_layers.items()), dims)

@@ -52,6 +52,10 @@ AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
+# Models that compute their logits from the input embedding (patches/embedding_logits.py).
+LOGITS_PROCESSOR_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
+VOCAB_PARALLEL_EMBEDDING_WITH_LORA = "sglang.srt.lora.layers.VocabParallelEmbeddingWithLoRA"
+
 # The parent backend and what it reuses.
 TRITON_BACKEND = "sglang.srt.lora.backend.triton_backend.TritonLoRABackend"
 TRITON_PREPARE_LORA_BATCH = TRITON_BACKEND + ".prepare_lora_batch"
@@ -122,6 +126,8 @@ ALL = (
     AUTO_DETECT_LORA_TARGET_MODULES,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
+    LOGITS_PROCESSOR_FORWARD,
+    VOCAB_PARALLEL_EMBEDDING_WITH_LORA,
     TRITON_BACKEND,
     TRITON_PREPARE_LORA_BATCH,
     TRITON_SGEMM_INFO,
@@ -175,6 +181,8 @@ REQUIRED_PARAMETERS = {
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
+    # The hook reads lm_head by name or at this position (after self).
+    LOGITS_PROCESSOR_FORWARD: ("input_ids", "hidden_states", "lm_head"),
     # Parent methods IntelXpuLoRABackend overrides, with the parameters its overrides name.
     TRITON_BACKEND + ".__init__": ("max_loras_per_batch", "device"),
     TRITON_BACKEND + ".validate_lora_targets": ("base_model", "target_modules"),
@@ -205,7 +213,7 @@ REQUIRED_ATTRIBUTES = {
         "create_lora_update_result",
     ),
     LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
-    LORA_ADAPTER: ("config", "base_model", "layers", "embedding_layers", "scaling"),
+    LORA_ADAPTER: ("config", "base_model", "base_hf_config", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules", "added_tokens_config"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
@@ -227,6 +235,7 @@ REQUIRED_ATTRIBUTES = {
     ),
     # Layers whose sizes the adapter checks read (adapters/tensor_checks.py).
     BASE_LAYER_WITH_LORA: ("base_layer",),
+    VOCAB_PARALLEL_EMBEDDING_WITH_LORA: ("base_layer", "lora_backend"),
     VOCAB_PARALLEL_EMBEDDING: ("org_vocab_size", "embedding_dim"),
     QKV_PARALLEL_LINEAR: ("total_num_heads", "total_num_kv_heads", "head_size", "v_head_size", "hidden_size"),
     MERGED_COLUMN_PARALLEL_LINEAR: ("output_sizes", "input_size"),
@@ -239,6 +248,29 @@ MODEL_ATTRIBUTES = {
     "lm_head": "sglang.srt.models.llama",  # an untied lm_head; a tied one is the embedding
     "kv_b_proj": "sglang.srt.models.deepseek_v2",  # absorbed-MLA attention: LoRA on kv_b_proj ...
     "w_kc": "sglang.srt.models.deepseek_v2",  # ... is computed by SGLang, outside the backend
+}
+
+#: SGLang 0.5.23 models (their class name is the architecture SGLang serves them as) whose forward
+#: hands the input embedding (``embed_tokens``) to the logits processor as the lm_head, directly or
+#: through a language model they hold -> whether only with tied word embeddings
+#: (``tie_word_embeddings``; MiniCPM picks the head by it, Gemma 4 when its text config ties them).
+#: ``tests/integration/test_embedding_logits.py`` rescans SGLang's models and fails when this differs.
+EMBEDDING_AS_LM_HEAD = {
+    "CohereForCausalLM": False,
+    "Cohere2ForCausalLM": False,
+    "Cohere2MoeForCausalLM": False,
+    "Cohere2VisionForConditionalGeneration": False,
+    "GemmaForCausalLM": False,
+    "Gemma2ForCausalLM": False,
+    "Gemma3ForCausalLM": False,
+    "Gemma3ForConditionalGeneration": False,
+    "Gemma3nForCausalLM": False,
+    "Gemma3nForConditionalGeneration": False,
+    "Gemma4ForConditionalGeneration": True,
+    "Gemma4UnifiedForConditionalGeneration": True,
+    "MiniCPMForCausalLM": True,
+    "MiniCPMSALAForCausalLM": True,
+    "MiniCPM3ForCausalLM": True,
 }
 
 #: Source anchors: (callable, text its source must contain, why the plugin depends on it).
