@@ -51,7 +51,9 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors', "
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
-        "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer']" in result.stdout
+        "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
+        "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
+        "'sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
 
@@ -275,11 +277,16 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors"),
         ("BEFORE", "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"),
     ]
+    unload_hooks = [  # patches.unload_final, queued after adapter_checks
+        ("AROUND", "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"),
+        ("AROUND", "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path"),
+    ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool"),
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
+        *unload_hooks,
     ]
     assert events == "EVENTS " + repr([f"hook {target}" for _, target in hooks] + ["backend intel_xpu"])
     undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))

@@ -43,6 +43,16 @@ LORA_ADAPTER_INITIALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter.initialize_w
 LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS = "sglang.srt.lora.lora.LoRAAdapter.initialize_weights_from_tensors"
 LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"
 GET_LORA = "sglang.srt.runtime_context.get_lora"
+
+# Unloads made final (patches/unload_final.py), in the TokenizerManager's process.
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+TOKENIZER_RESOLVE_LORA_PATH = TOKENIZER_MANAGER + "._resolve_lora_path"
+TOKENIZER_CONTROL_MIXIN = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
+TOKENIZER_UNLOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".unload_lora_adapter"
+TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
+LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
+UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
+AIO_RW_LOCK = "sglang.srt.utils.aio_rwlock.RWLock"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -108,6 +118,14 @@ ALL = (
     LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
     LORA_ADAPTER_NORMALIZE_WEIGHTS,
     GET_LORA,
+    TOKENIZER_MANAGER,
+    TOKENIZER_RESOLVE_LORA_PATH,
+    TOKENIZER_CONTROL_MIXIN,
+    TOKENIZER_UNLOAD_LORA_ADAPTER,
+    TOKENIZER_LOAD_LORA_ADAPTER,
+    LORA_REGISTRY,
+    UNLOAD_LORA_ADAPTER_REQ_INPUT,
+    AIO_RW_LOCK,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     TRITON_BACKEND,
@@ -162,6 +180,8 @@ REQUIRED_PARAMETERS = {
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
+    TOKENIZER_UNLOAD_LORA_ADAPTER: ("obj",),
+    LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
     # Parent methods IntelXpuLoRABackend overrides, with the parameters its overrides name.
     TRITON_BACKEND + ".__init__": ("max_loras_per_batch", "device"),
     TRITON_BACKEND + ".validate_lora_targets": ("base_model", "target_modules"),
@@ -190,7 +210,12 @@ REQUIRED_ATTRIBUTES = {
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
-    LORA_UPDATE_OUTPUT: ("success",),
+    LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
+    # patches/unload_final.py: the manager's adapter names and the lock it takes.
+    TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
+    LORA_REGISTRY: ("get_all_adapters",),
+    UNLOAD_LORA_ADAPTER_REQ_INPUT: ("lora_name",),
+    AIO_RW_LOCK: ("reader_lock", "writer_lock"),
     LORA_BATCH_INFO: (
         "use_cuda_graph", "bs", "num_segments", "seg_indptr", "seg_lens", "weight_indices", "lora_ranks", "scalings",
         "max_len", "permutation",
@@ -253,6 +278,16 @@ REQUIRED_SOURCE = (
         LORA_MANAGER_PREPARE_LORA_BATCH,
         "scalings[weight_index] = lora.scaling",
         "each batch reads the adapter's scale from LoRAAdapter.scaling (set by the adapter checks)",
+    ),
+    (
+        TOKENIZER_RESOLVE_LORA_PATH,
+        "new_lora_ref = self.lora_ref_cache[lora_path]",
+        "a request reloads an unregistered adapter from lora_ref_cache (unloads remove the name there)",
+    ),
+    (
+        TOKENIZER_LOAD_LORA_ADAPTER,
+        "self.lora_ref_cache[obj.lora_name] = new_adapter",
+        "a load records the adapter in lora_ref_cache, where an unload removes it",
     ),
     (
         LORA_MANAGER_LOAD_ADAPTER,
