@@ -52,8 +52,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
-        "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
-        "'sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path']" in result.stdout
+        "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
 
@@ -279,7 +278,6 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     ]
     unload_hooks = [  # patches.unload_final, queued after adapter_checks
         ("AROUND", "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"),
-        ("AROUND", "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path"),
     ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),

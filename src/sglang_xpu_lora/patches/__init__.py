@@ -18,15 +18,15 @@ adapter_checks         ``check_lora_server_args`` (AFTER), ``LoRAManager.validat
                        load, tensors finite and shaped for the model, nothing left after a failed
                        load; for plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
                        Remove when SGLang honours every ``LoraConfig`` field itself.
-unload_final           ``TokenizerControlMixin.unload_lora_adapter`` and
-                       ``TokenizerManager._resolve_lora_path`` (AROUND), in the TokenizerManager's
-                       process: an unloaded adapter is no longer loaded again by a request that
-                       names it (SGLang keeps every name in ``lora_ref_cache`` for the implicit
-                       reload of adapters evicted under ``--max-loaded-loras``, sglang PR #11526;
-                       cf. TGI #2505), so it gets the never-loaded error (HTTP 400) and a later
-                       load under its name loads the new weights; evicted adapters are reloaded as
-                       before. For plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``).
-                       Remove when SGLang drops a user-unloaded name from ``lora_ref_cache``.
+unload_final           ``TokenizerControlMixin.unload_lora_adapter`` (AROUND), in the
+                       TokenizerManager's process: an unloaded adapter is no longer loaded again
+                       by a request that names it (SGLang keeps every name in ``lora_ref_cache``
+                       for the implicit reload of adapters evicted under ``--max-loaded-loras``,
+                       sglang PR #11526; cf. TGI #2505), so it gets the never-loaded error (HTTP
+                       400) and a later load under its name loads the new weights; evicted
+                       adapters are reloaded as before. For plugin backends (all with
+                       ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
+                       user-unloaded name from ``lora_ref_cache``.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin

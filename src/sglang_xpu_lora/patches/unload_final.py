@@ -1,7 +1,7 @@
-"""Targets: sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter
-    (AROUND) and sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path (AROUND).
-    Both run where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process (HTTP) or the
-    process that made the ``sglang.Engine``; SGLang loads plugins there before it builds the manager.
+"""Target: sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter
+    (AROUND). It runs where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process
+    (HTTP) or the process that made the ``sglang.Engine``; SGLang loads plugins there before it
+    builds the manager.
 Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManager.lora_ref_cache``,
     so that an adapter evicted under ``--max-loaded-loras`` is loaded again when a request names it
     (sglang PR #11526). A user's ``unload_lora_adapter`` does not remove the name from that cache,
@@ -10,22 +10,23 @@ Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManage
     (HTTP 200), and a later load of other weights under the name is refused "already loaded": an
     unload does not revoke the adapter (the same class of bug as TGI #2505).
 How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plugin backends, all
-    backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``):
-    * an unload removes the name from ``lora_ref_cache`` before SGLang unloads it, under the writer
-      side of a per-manager ``RWLock`` whose reader side each ``_resolve_lora_path`` holds: a
-      request that read the old reference from the cache finishes its implicit load before the
-      unload starts (and the unload then drains it), and no request reads the reference after;
-    * once SGLang's unload succeeded, the name is removed from the cache again, in the same step
-      (no other coroutine runs between), for a load of the name that ran between the two;
-    * an unload of an adapter that was evicted under ``--max-loaded-loras`` (cached, no longer
-      registered) revokes it and succeeds, where SGLang answers "does not exist" and would keep
-      loading it again for requests.
+    backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``), an unload
+    * removes the name from ``lora_ref_cache`` before SGLang unloads it. A request that read the
+      old reference before that point has already queued its implicit load on SGLang's
+      ``lora_update_lock`` (``_resolve_lora_path`` reads the cache and calls ``load_lora_adapter``,
+      which enters the lock, without yielding in between), so that load runs before the unload and
+      is undone by it; a request that reads the cache after finds nothing;
+    * removes the name again once SGLang's unload succeeded, in the same step (no other coroutine
+      runs in between): a load of the name that held the lock while the unload waited for it put
+      its own reference there, and the unload removed its weights;
+    * of an adapter evicted under ``--max-loaded-loras`` (cached, no longer registered) revokes it
+      and succeeds, where SGLang answers "does not exist" and would keep loading it for requests.
     A request naming an unloaded adapter then meets SGLang's own check for a name that was never
     loaded (``ValueError``: an error from ``Engine.generate``, HTTP 400), and a later load under the
     name loads the weights it names. Evicted adapters stay in the cache and are loaded again on
     request exactly as before.
-Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still reloads
-    from ``lora_ref_cache`` and that loads still record there).
+Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
+    ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
 Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
     in ``tokenizer_control_mixin.py``); no upstream issue tracks it yet.
 """
@@ -40,23 +41,11 @@ from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
 
-#: Attribute set on a ``TokenizerManager``: the ``RWLock`` between unloads and LoRA path resolution.
-REVOCATION_LOCK_ATTR = "xpu_lora_revocation_lock"
-
 
 def in_scope() -> bool:
     """Whether this process serves LoRA through a backend whose unloads are made final."""
     lora = resolve(targets.GET_LORA)()
     return bool(lora.enable_lora) and checked_backends.applies_to(lora.lora_backend)
-
-
-def revocation_lock(manager: Any) -> Any:
-    """The ``RWLock`` of ``manager`` (a ``TokenizerManager``), made at first use (in its event loop)."""
-    lock = getattr(manager, REVOCATION_LOCK_ATTR, None)
-    if lock is None:
-        lock = resolve(targets.AIO_RW_LOCK)()
-        setattr(manager, REVOCATION_LOCK_ATTR, lock)
-    return lock
 
 
 def is_evicted(manager: Any, lora_name: str) -> bool:
@@ -75,9 +64,8 @@ async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kw
         ``--max-loaded-loras`` (SGLang reports it as not existing).
     """
     name = obj.lora_name
-    async with revocation_lock(manager).writer_lock:
-        evicted = is_evicted(manager, name)
-        manager.lora_ref_cache.pop(name, None)
+    evicted = is_evicted(manager, name)
+    manager.lora_ref_cache.pop(name, None)
     result = await original(manager, obj, *args, **kwargs)
     if result.success:
         manager.lora_ref_cache.pop(name, None)  # a load that ran during the unload was undone by it
@@ -96,11 +84,4 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
             return await original(manager, obj, *args, **kwargs)
         return await unload_finally(original, manager, obj, *args, **kwargs)
 
-    async def around_resolve_lora_path(original, manager, *args, **kwargs):
-        if not in_scope():
-            return await original(manager, *args, **kwargs)
-        async with revocation_lock(manager).reader_lock:
-            return await original(manager, *args, **kwargs)
-
     queue_hook(targets.TOKENIZER_UNLOAD_LORA_ADAPTER, around_unload_lora_adapter, "AROUND", undo)
-    queue_hook(targets.TOKENIZER_RESOLVE_LORA_PATH, around_resolve_lora_path, "AROUND", undo)

@@ -52,7 +52,6 @@ TOKENIZER_UNLOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".unload_lora_adapter"
 TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
 LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
 UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
-AIO_RW_LOCK = "sglang.srt.utils.aio_rwlock.RWLock"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -125,7 +124,6 @@ ALL = (
     TOKENIZER_LOAD_LORA_ADAPTER,
     LORA_REGISTRY,
     UNLOAD_LORA_ADAPTER_REQ_INPUT,
-    AIO_RW_LOCK,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     TRITON_BACKEND,
@@ -211,11 +209,10 @@ REQUIRED_ATTRIBUTES = {
     LORA_CONFIG: ("r", "hf_config", "target_modules"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
     LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
-    # patches/unload_final.py: the manager's adapter names and the lock it takes.
+    # patches/unload_final.py: the manager's adapter names.
     TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
     LORA_REGISTRY: ("get_all_adapters",),
     UNLOAD_LORA_ADAPTER_REQ_INPUT: ("lora_name",),
-    AIO_RW_LOCK: ("reader_lock", "writer_lock"),
     LORA_BATCH_INFO: (
         "use_cuda_graph", "bs", "num_segments", "seg_indptr", "seg_lens", "weight_indices", "lora_ranks", "scalings",
         "max_len", "permutation",
@@ -281,8 +278,8 @@ REQUIRED_SOURCE = (
     ),
     (
         TOKENIZER_RESOLVE_LORA_PATH,
-        "new_lora_ref = self.lora_ref_cache[lora_path]",
-        "a request reloads an unregistered adapter from lora_ref_cache (unloads remove the name there)",
+        "new_lora_ref = self.lora_ref_cache[lora_path]\n            load_result = await self.load_lora_adapter(",
+        "a request loads an unregistered adapter from lora_ref_cache right where it reads it (unloads remove the name first)",
     ),
     (
         TOKENIZER_LOAD_LORA_ADAPTER,
