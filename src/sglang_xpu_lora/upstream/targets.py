@@ -208,7 +208,7 @@ REQUIRED_ATTRIBUTES = {
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
-    LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
+    LORA_UPDATE_OUTPUT: ("success",),
     # patches/unload_final.py: the manager's adapter names.
     TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
     LORA_REGISTRY: ("get_all_adapters",),
