@@ -43,24 +43,35 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
     each round in order through one engine in a fresh process, at ``--tp-size tp_size`` (with the CPU
     engine's TP settings, ``serving.cpu_env(tp_size=...)``), on ``artifacts`` (``{"base": ...,
     <adapter>: ...}``, the session's tiny Llama by default; the tokenizer is the same for every tiny
-    base). A round is a list of ``(prompt, lora)``, or a ``{"load": {...}}`` / ``{"unload": {...}}``
-    action (see ``sglang_cpu_devsupport.engine_batch``).
+    base). A round is a list of ``(prompt, lora)``, a ``{"may_fail": [(prompt, lora), ...]}`` batch
+    that ``Engine.generate`` may refuse, or a ``{"load": {...}}`` / ``{"unload": {...}}`` action (see
+    ``sglang_cpu_devsupport.engine_batch``).
 
     Returns ``(results, kernels)``: per round, a dict ``(prompt, lora) -> output`` (the action's
-    response for an action); and the set of emulated sgl-kernel-xpu kernels that ran. Every run is
-    checked to leave nothing in ``/dev/shm`` or its ``$TMPDIR`` (see :func:`run_leaving_nothing`).
+    response for an action, ``{"error": message}`` for a refused ``may_fail`` batch); and the set
+    of emulated sgl-kernel-xpu kernels that ran. Every run is checked to leave nothing in
+    ``/dev/shm`` or its ``$TMPDIR`` (see :func:`run_leaving_nothing`).
     """
+
+    def encode(batch):
+        return {"prompts_ids": [tokenizer.encode(p) for p, _ in batch], "loras": [lora for _, lora in batch]}
+
+    def request_of(batch):
+        if isinstance(batch, list):
+            return encode(batch)
+        return {**encode(batch["may_fail"]), "may_fail": True} if "may_fail" in batch else batch
+
+    def result_of(batch, out):
+        if isinstance(batch, list):
+            return dict(zip(batch, out))
+        return dict(zip(batch["may_fail"], out)) if "may_fail" in batch and isinstance(out, list) else out
 
     def run(name, rounds, env, engine=None, adapters=ADAPTERS, tp_size=1, artifacts=None):
         work = tmp_path_factory.mktemp(name)
         spec = {
             "artifacts": {key: str(path) for key, path in (artifacts or tiny_artifacts).items()},
             "adapters": list(adapters),
-            "rounds": [
-                batch if isinstance(batch, dict)
-                else {"prompts_ids": [tokenizer.encode(p) for p, _ in batch], "loras": [lora for _, lora in batch]}
-                for batch in rounds
-            ],
+            "rounds": [request_of(batch) for batch in rounds],
             "max_new_tokens": MAX_NEW_TOKENS,
             "vocab_size": tiny_model.VOCAB_SIZE,
             "engine": {**(engine or {}), **({"tp_size": tp_size} if tp_size > 1 else {})},
@@ -77,7 +88,7 @@ def run_engine(tiny_artifacts, tokenizer, tmp_path_factory):
         assert left == [], f"the engine run left {left} behind"
         outputs = json.loads((work / "result.json").read_text())
         kernels = set(log.read_text().split()) if log.exists() else set()
-        results = [out if isinstance(batch, dict) else dict(zip(batch, out)) for batch, out in zip(rounds, outputs)]
+        results = [result_of(batch, out) for batch, out in zip(rounds, outputs)]
         return results, kernels
 
     return run

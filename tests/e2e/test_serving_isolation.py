@@ -36,8 +36,8 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ("def main(self):", "import os\nfor path in", "class Foo(object):\n    def")
 SOAK_ADAPTERS = (*tiny_model.ADAPTER_NAMES, tiny_model.EMBEDDING_ADAPTER.name)  # 4 adapters
 #: Adapters the soak unloads and loads again (same weights) in a loop. A request naming one while it
-#: is unloaded makes SGLang load it again by itself; the answer must still be exact (HTTP 400 would
-#: be tolerated for these only).
+#: is unloaded is refused with HTTP 400 (an unload is final: ``patches/unload_final.py``), tolerated
+#: for these only; every load after an unload must succeed.
 CYCLED = ("sql-r8", "emb-head-r8")
 SOAK_SECONDS, SOAK_MAX_REQUESTS, SOAK_CLIENTS = 60.0, 2000, 4
 #: The soak runs for at least SOAK_SECONDS and at least SOAK_MIN_CYCLES unload/reload cycles (each
@@ -149,12 +149,8 @@ def test_soak(tiny_artifacts, references, tmp_path):
                         timeout=30,
                     )
                 except serving.HTTPStatusError as exc:
-                    if "already loaded" not in exc.body:
-                        cycles.append((name, unloaded, {"success": False, "error": str(exc)}))
-                        return
-                    # SGLang reloads an unloaded adapter by itself when a request names it
-                    # (TokenizerManager._resolve_lora_path); a client got there first.
-                    loaded = {"success": True, "reloaded_by_a_request": True}
+                    cycles.append((name, unloaded, {"success": False, "error": str(exc)}))
+                    return
                 cycles.append((name, unloaded, loaded))
                 if len(cycles) == len(CYCLED):  # every cycled adapter went round once: the baseline
                     rss.append(serving.process_group_rss(server.pid))

@@ -54,6 +54,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
+        "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
         "'sglang.srt.utils.common.configure_logger']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
@@ -316,6 +317,9 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors"),
         ("BEFORE", "sglang.srt.lora.lora.LoRAAdapter._normalize_weights"),
     ]
+    unload_hooks = [  # patches.unload_final, queued after adapter_checks
+        ("AROUND", "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"),
+    ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
         ("AROUND", "sglang.srt.arg_groups.serving_hook.handle_missing_default_values"),
@@ -323,6 +327,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer"),
         *adapter_hooks,
         ("AROUND", "sglang.srt.layers.logits_processor.LogitsProcessor.forward"),  # patches.embedding_logits
+        *unload_hooks,
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
     assert events == "EVENTS " + repr(

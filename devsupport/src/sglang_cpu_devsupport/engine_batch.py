@@ -7,12 +7,14 @@ cannot be swapped out. Usage::
     python -m sglang_cpu_devsupport.engine_batch REQUEST.json RESULT.json
 
 REQUEST: ``{"artifacts": {name: path}, "adapters": [...], "rounds": [{"prompts_ids": [[...]],
-"loras": [...]} | {"load": {"lora_name": ..., "lora_path": ...}} | {"unload": {"lora_name": ...}}, ...],
-"max_new_tokens": n, "vocab_size": v, "engine": {Engine kwargs overrides}}``.
+"loras": [...], "may_fail": bool} | {"load": {"lora_name": ..., "lora_path": ...}} | {"unload":
+{"lora_name": ...}}, ...], "max_new_tokens": n, "vocab_size": v, "engine": {Engine kwargs overrides}}``.
 Rounds run one after another (so a small ``max_loras_per_batch`` forces evictions between them);
 ``load``/``unload`` rounds call ``Engine.load_lora_adapter`` / ``unload_lora_adapter``.
 RESULT: one entry per round: for a batch, a list of ``{"output_ids": [...], "text": str,
-"first_logprobs": [v floats]}``; for load/unload, ``{"success": bool, "error": str}``.
+"first_logprobs": [v floats]}``, or ``{"error": str}`` when ``Engine.generate`` raised in a batch
+marked ``may_fail`` (elsewhere the run fails); for load/unload, ``{"success": bool, "error": str,
+"loaded": [the names SGLang reports loaded after it, sorted]}``.
 """
 
 from __future__ import annotations
@@ -36,15 +38,22 @@ def main(request_path: str, result_path: str) -> None:
             if "load" in batch or "unload" in batch:
                 action = engine.load_lora_adapter if "load" in batch else engine.unload_lora_adapter
                 response = action(**(batch.get("load") or batch["unload"]))
-                results.append({"success": bool(response.success), "error": response.error_message or ""})
+                loaded = sorted(response.loaded_adapters or {})
+                results.append({"success": bool(response.success), "error": response.error_message or "", "loaded": loaded})
                 continue
-            outputs = engine.generate(
-                input_ids=batch["prompts_ids"],
-                lora_path=batch["loras"],
-                sampling_params={"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True},
-                return_logprob=True,
-                top_logprobs_num=request["vocab_size"],
-            )
+            try:
+                outputs = engine.generate(
+                    input_ids=batch["prompts_ids"],
+                    lora_path=batch["loras"],
+                    sampling_params={"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True},
+                    return_logprob=True,
+                    top_logprobs_num=request["vocab_size"],
+                )
+            except Exception as exc:
+                if not batch.get("may_fail"):
+                    raise
+                results.append({"error": str(exc)})
+                continue
             results.append(
                 [
                     {

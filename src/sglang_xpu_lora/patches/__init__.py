@@ -30,6 +30,15 @@ embedding_logits       ``LogitsProcessor.forward`` (AROUND): a model that comput
                        states); PEFT's tied lm_head reads the base weight too. For plugin backends
                        (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang keeps
                        the base embedding as the logits head (sglang #7554).
+unload_final           ``TokenizerControlMixin.unload_lora_adapter`` (AROUND), in the
+                       TokenizerManager's process: an unloaded adapter is no longer loaded again
+                       by a request that names it (SGLang keeps every name in ``lora_ref_cache``
+                       for the implicit reload of adapters evicted under ``--max-loaded-loras``,
+                       sglang PR #11526; cf. TGI #2505), so it gets the never-loaded error (HTTP
+                       400) and a later load under its name loads the new weights; evicted
+                       adapters are reloaded as before. For plugin backends (all with
+                       ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
+                       user-unloaded name from ``lora_ref_cache``.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
@@ -73,12 +82,15 @@ import logging
 from typing import Callable, Iterable
 
 from sglang_xpu_lora.patches import (
-    adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal, validation,
+    adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal, unload_final,
+    validation,
 )
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
-PATCHES = (validation, mem_pool, adapter_checks, embedding_logits, backend_registry, cli_choices, log_lines)
+PATCHES = (
+    validation, mem_pool, adapter_checks, embedding_logits, unload_final, backend_registry, cli_choices, log_lines,
+)
 
 
 class PartialApplicationError(RuntimeError):

@@ -49,6 +49,15 @@ LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_we
 GET_LORA = "sglang.srt.runtime_context.get_lora"
 GET_NORMALIZED_TARGET_MODULES = "sglang.srt.lora.utils.get_normalized_target_modules"
 AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target_modules"
+
+# Unloads made final (patches/unload_final.py), in the TokenizerManager's process.
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+TOKENIZER_RESOLVE_LORA_PATH = TOKENIZER_MANAGER + "._resolve_lora_path"
+TOKENIZER_CONTROL_MIXIN = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
+TOKENIZER_UNLOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".unload_lora_adapter"
+TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
+LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
+UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -124,6 +133,13 @@ ALL = (
     GET_LORA,
     GET_NORMALIZED_TARGET_MODULES,
     AUTO_DETECT_LORA_TARGET_MODULES,
+    TOKENIZER_MANAGER,
+    TOKENIZER_RESOLVE_LORA_PATH,
+    TOKENIZER_CONTROL_MIXIN,
+    TOKENIZER_UNLOAD_LORA_ADAPTER,
+    TOKENIZER_LOAD_LORA_ADAPTER,
+    LORA_REGISTRY,
+    UNLOAD_LORA_ADAPTER_REQ_INPUT,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     LOGITS_PROCESSOR_FORWARD,
@@ -183,6 +199,8 @@ REQUIRED_PARAMETERS = {
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
     # The hook reads lm_head by name or at this position (after self).
     LOGITS_PROCESSOR_FORWARD: ("input_ids", "hidden_states", "lm_head"),
+    TOKENIZER_UNLOAD_LORA_ADAPTER: ("obj",),
+    LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
     # Parent methods IntelXpuLoRABackend overrides, with the parameters its overrides name.
     TRITON_BACKEND + ".__init__": ("max_loras_per_batch", "device"),
     TRITON_BACKEND + ".validate_lora_targets": ("base_model", "target_modules"),
@@ -218,6 +236,10 @@ REQUIRED_ATTRIBUTES = {
     LORA_CONFIG: ("r", "hf_config", "target_modules", "added_tokens_config"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
     LORA_UPDATE_OUTPUT: ("success",),
+    # patches/unload_final.py: the manager's adapter names.
+    TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
+    LORA_REGISTRY: ("get_all_adapters",),
+    UNLOAD_LORA_ADAPTER_REQ_INPUT: ("lora_name",),
     LORA_BATCH_INFO: (
         "use_cuda_graph", "bs", "num_segments", "seg_indptr", "seg_lens", "weight_indices", "lora_ranks", "scalings",
         "max_len", "permutation",
@@ -304,6 +326,16 @@ REQUIRED_SOURCE = (
         LORA_MANAGER_PREPARE_LORA_BATCH,
         "scalings[weight_index] = lora.scaling",
         "each batch reads the adapter's scale from LoRAAdapter.scaling (set by the adapter checks)",
+    ),
+    (
+        TOKENIZER_RESOLVE_LORA_PATH,
+        "new_lora_ref = self.lora_ref_cache[lora_path]\n            load_result = await self.load_lora_adapter(",
+        "a request loads an unregistered adapter from lora_ref_cache right where it reads it (unloads remove the name first)",
+    ),
+    (
+        TOKENIZER_LOAD_LORA_ADAPTER,
+        "self.lora_ref_cache[obj.lora_name] = new_adapter",
+        "a load records the adapter in lora_ref_cache, where an unload removes it",
     ),
     (
         LORA_MANAGER_LOAD_ADAPTER,

@@ -1,0 +1,87 @@
+"""Target: sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter
+    (AROUND). It runs where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process
+    (HTTP) or the process that made the ``sglang.Engine``; SGLang loads plugins there before it
+    builds the manager.
+Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManager.lora_ref_cache``,
+    so that an adapter evicted under ``--max-loaded-loras`` is loaded again when a request names it
+    (sglang PR #11526). A user's ``unload_lora_adapter`` does not remove the name from that cache,
+    and ``_resolve_lora_path`` loads again any unregistered name it finds there. So after a
+    successful unload, a request naming the adapter loads its old weights and is answered with them
+    (HTTP 200), and a later load of other weights under the name is refused "already loaded": an
+    unload does not revoke the adapter (the same class of bug as TGI #2505).
+How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plugin backends, all
+    backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``), an unload
+    * removes the name from ``lora_ref_cache`` before SGLang unloads it. A request that read the
+      old reference before that point has already queued its implicit load on SGLang's
+      ``lora_update_lock`` (``_resolve_lora_path`` reads the cache and calls ``load_lora_adapter``,
+      which enters the lock, without yielding in between), so that load runs before the unload and
+      is undone by it; a request that reads the cache after finds nothing;
+    * removes the name again once SGLang's unload succeeded, in the same step (no other coroutine
+      runs in between): a load of the name that held the lock while the unload waited for it put
+      its own reference there, and the unload removed its weights;
+    * of an adapter evicted under ``--max-loaded-loras`` (cached, no longer registered) revokes it
+      and succeeds, where SGLang answers "does not exist" and would keep loading it for requests.
+    A request naming an unloaded adapter then meets SGLang's own check for a name that was never
+    loaded (``ValueError``: an error from ``Engine.generate``, HTTP 400), and a later load under the
+    name loads the weights it names. Evicted adapters stay in the cache and are loaded again on
+    request exactly as before.
+Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
+    ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
+Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
+    in ``tokenizer_control_mixin.py``); no upstream issue tracks it yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_xpu_lora.adapters import checked_backends
+from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
+from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
+
+
+def in_scope() -> bool:
+    """Whether this process serves LoRA through a backend whose unloads are made final."""
+    lora = resolve(targets.GET_LORA)()
+    return bool(lora.enable_lora) and checked_backends.applies_to(lora.lora_backend)
+
+
+def is_evicted(manager: Any, lora_name: str) -> bool:
+    """Whether ``lora_name`` is an adapter evicted under ``--max-loaded-loras``: remembered in the
+    manager's ``lora_ref_cache`` but neither registered nor waiting for an unload to complete."""
+    registered = manager.lora_registry.get_all_adapters()
+    return lora_name in manager.lora_ref_cache and lora_name not in registered and lora_name not in manager.pending_lora_unloads
+
+
+async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+    """SGLang's ``unload_lora_adapter(obj)`` on ``manager``, after which ``obj.lora_name`` is no longer
+    loaded again by a request (see the module header).
+
+    Returns:
+        SGLang's ``LoRAUpdateOutput``; a success for an adapter that was evicted under
+        ``--max-loaded-loras`` (SGLang reports it as not existing).
+    """
+    name = obj.lora_name
+    evicted = is_evicted(manager, name)
+    manager.lora_ref_cache.pop(name, None)
+    result = await original(manager, obj, *args, **kwargs)
+    if result.success:
+        manager.lora_ref_cache.pop(name, None)  # a load that ran during the unload was undone by it
+        return result
+    registered = manager.lora_registry.get_all_adapters()
+    if evicted and name not in registered and name not in manager.pending_lora_unloads:
+        loaded = {lora_name: ref.lora_path for lora_name, ref in registered.items()}
+        return resolve(targets.LORA_UPDATE_OUTPUT)(success=True, error_message="", loaded_adapters=loaded)
+    return result
+
+
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
+
+    async def around_unload_lora_adapter(original, manager, obj, *args, **kwargs):
+        if not in_scope():
+            return await original(manager, obj, *args, **kwargs)
+        return await unload_finally(original, manager, obj, *args, **kwargs)
+
+    queue_hook(targets.TOKENIZER_UNLOAD_LORA_ADAPTER, around_unload_lora_adapter, "AROUND", undo)
