@@ -136,10 +136,7 @@ def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
         report["problems"].append(str(exc))
     else:
         report["ops"] = op_rows(selection)
-        report["pool_layout"] = (
-            "SGLang's packed, real ranks; slots zeroed before each load" if selection.needs_zeroed_slots
-            else "SGLang's packed, real ranks"
-        )
+        report["pool_layout"] = selection.pool_layout
     add_adapter_checks(report)
 
 

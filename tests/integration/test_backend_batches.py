@@ -122,3 +122,18 @@ def test_decode_graph_replay_on_padded_rows_ignores_stale_routing(make_backend):
     out = run_qkv(backend, x)
     torch.testing.assert_close(out[:2].double(), reference(x[:2], [2, 1]), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(out[2:]) == 0
+
+
+def test_the_backend_logs_one_line_naming_each_ops_providers_and_the_pool(monkeypatch, sglang_plugins_loaded, caplog):
+    """What ``IntelXpuLoRABackend`` logs when it is built: the providers eager / in graphs for the
+    ops they serve, the kernels setting and the pool layout, exactly once per backend."""
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    with caplog.at_level("INFO", logger="sglang_xpu_lora"):
+        IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    built = [r.getMessage() for r in caplog.records if "LoRA backend built" in r.getMessage()]
+    assert built == [
+        "intel_xpu LoRA backend built on cpu (SGLANG_XPU_LORA_KERNELS=torch): providers eager/in graphs: "
+        "torch/torch for all 7 ops; LoRA pool: SGLang's packed layout at real ranks, slots zeroed before each load"
+    ]

@@ -49,7 +49,7 @@ def test_full_build(emulate, capsys, sglang_plugins_loaded):
         "not tried here (cpu has no device graphs to try a capture in): "
         "decided by a trial capture at graph set-up on the serving device"
     )
-    assert report["pool_layout"] == "SGLang's packed, real ranks; slots zeroed before each load"
+    assert report["pool_layout"] == "SGLang's packed layout at real ranks, slots zeroed before each load"
     assert all(p["found"] for p in report["patch_points"]) and len(report["patch_points"]) > 10
     assert report["sglang"] == "0.5.23" and report["xpu_visible"] is False
 
@@ -97,10 +97,10 @@ def test_triton_mode(capsys, monkeypatch, sglang_plugins_loaded):
     status, report = run_doctor(capsys, "--json")
     assert status == 0, report["problems"]
     assert set(providers_of(report).values()) == {("triton", "triton", True)}
-    assert report["pool_layout"] == "SGLang's packed, real ranks"
+    assert report["pool_layout"] == "SGLang's packed layout at real ranks"
     assert all("interpreter (TRITON_INTERPRET=1)" in op["reason"] for op in report["ops"])
     status, text = run_doctor(capsys)
-    assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed, real ranks Capture probe:" in text
+    assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed layout at real ranks Capture probe:" in text
     monkeypatch.delenv("TRITON_INTERPRET")
     status, text = run_doctor(capsys)
     assert status == 1 and "=triton: SGLang's Triton LoRA kernels cannot run on device cpu" in text

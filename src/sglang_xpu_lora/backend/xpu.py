@@ -461,17 +461,16 @@ def built_line(name: str, device, selection) -> str:
     :class:`~sglang_xpu_lora.providers.OpSelection`)."""
     groups: dict[str, list[str]] = {}
     for op, choice in selection.choices.items():
-        groups.setdefault(f"{choice.provider}/{selection.graph_choices[op].provider}", []).append(op)
+        groups.setdefault(f"{choice.provider.name}/{selection.graph_choices[op].provider.name}", []).append(op)
     ops = "; ".join(
         f"{pair} for {'all ' + str(len(ops)) + ' ops' if len(ops) == len(selection.choices) else ', '.join(ops)}"
         for pair, ops in groups.items()
     )
     if not selection.graph_decided:
         ops += " (native ops in graphs once a trial capture at graph set-up accepts them)"
-    pool = "SGLang's packed layout at real ranks" + (", slots zeroed before each load" if selection.needs_zeroed_slots else "")
     return (
-        f"{name} LoRA backend built on {torch.device(device).type} ({KERNELS_ENV}={selection.mode}): "
-        f"providers eager/in graphs: {ops}; LoRA pool: {pool}"
+        f"{name} LoRA backend built on {torch.device(device).type} ({KERNELS_ENV}={selection.setting.value}): "
+        f"providers eager/in graphs: {ops}; LoRA pool: {selection.pool_layout}"
     )
 
 

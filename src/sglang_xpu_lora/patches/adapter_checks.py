@@ -75,16 +75,13 @@ PLAN_ATTR = "xpu_lora_plan"
 
 
 def check_lora_paths(server_args: Any) -> None:
-    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads:
-    local paths and their files, the config, and with the base model's config (its model built on
-    the ``meta`` device) the target modules, added tokens and ``adapter_model.safetensors`` tensors
-    (finite, shaped for the model; no lm_head LoRA for a model that computes its logits from the
-    input embedding).
+    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads.
 
     A local path (see :func:`~sglang_xpu_lora.adapters.adapter_files.is_local_reference`) must be
     a directory with ``adapter_config.json`` and a weights file; its config is checked, and, against
     the base model built from its config on the ``meta`` device, its ``target_modules`` (modules the
-    model has, within ``--lora-target-modules`` when given), its ``added_tokens.json`` and its
+    model has, within ``--lora-target-modules`` when given; no lm_head LoRA for a model that
+    computes its logits from the input embedding), its ``added_tokens.json`` and its
     ``adapter_model.safetensors`` tensors (finite, shaped for the model).
 
     Adapters named by a Hub id, and the model checks when transformers cannot build the base model
@@ -161,8 +158,7 @@ def check_local_adapter(
         ValueError: unreadable JSON or safetensors.
     """
     plan = check_adapter_config(name, json.loads((path / ADAPTER_CONFIG).read_text()), max_lora_rank)
-    if not plan.target_regex:
-        check_served_modules(name, _target_names(plan.target_modules), embedding_logits)
+    check_served_modules(name, _targeted_modules(plan), embedding_logits)
     if base is not None:
         check_target_modules(name, plan.target_modules, base.module_names, _normalize, base.served_modules)
         check_added_tokens(name, read_added_tokens(path), base.vocab_size)
@@ -176,14 +172,22 @@ def check_local_adapter(
             check_tensors(plan, tensors.items(), base.dims, require_known_modules=False)
 
 
-def _target_names(target_modules: Any) -> list[str]:
-    """``target_modules`` as a list of names ('all' / 'all-linear' name no module)."""
+def _targeted_modules(plan: Any) -> list[str]:
+    """The module names an adapter's ``target_modules`` names ('all' / 'all-linear' name none); for
+    a regular expression, ``lm_head`` when it matches ``lm_head`` itself (the model may have no
+    lm_head to resolve it against)."""
+    if plan.target_regex:
+        return ["lm_head"] if re.fullmatch(plan.target_regex, "lm_head") else []
+    target_modules = plan.target_modules
     return [] if target_modules is None or isinstance(target_modules, str) else list(target_modules)
 
 
-def _embedding_logits(base_model: Any, text_config: Any) -> Optional[str]:
+def _embedding_logits(base_model: Any, hf_config: Any) -> Optional[str]:
     """The served model's architecture when it computes its logits from the input embedding (see
-    :func:`~sglang_xpu_lora.adapters.model_checks.embedding_logits_architecture`), else None."""
+    :func:`~sglang_xpu_lora.adapters.model_checks.embedding_logits_architecture`; tied or not as
+    its text config says, as :func:`~sglang_xpu_lora.adapters.model_checks.hf_config_embedding_logits`
+    reads it), else None."""
+    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return embedding_logits_architecture([type(base_model).__name__], bool(getattr(text_config, "tie_word_embeddings", True)))
 
 
@@ -202,9 +206,7 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, max_lora_rank)
     for warning in plan.warnings:
         logger.warning(warning)
-    # A regular expression is matched against "lm_head" itself: the model may have no lm_head to resolve it against.
-    targeted = ["lm_head"] if plan.target_regex and re.fullmatch(plan.target_regex, "lm_head") else _target_names(plan.target_modules)
-    check_served_modules(plan.name, targeted, _embedding_logits(manager.base_model, manager.base_hf_config))
+    check_served_modules(plan.name, _targeted_modules(plan), _embedding_logits(manager.base_model, manager.base_hf_config))
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
     # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.

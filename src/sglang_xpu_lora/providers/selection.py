@@ -180,6 +180,12 @@ class OpSelection:
         is loaded into it (zero rank tails, nothing left of a previous tenant)."""
         return any(p.contracts_over_max_rank for p in self.providers)
 
+    @property
+    def pool_layout(self) -> str:
+        """The LoRA pool layout these ops read, in words (``doctor`` and the backend's log line)."""
+        zeroed = ", slots zeroed before each load" if self.needs_zeroed_slots else ""
+        return f"SGLang's packed layout at real ranks{zeroed}"
+
     def reads_spaced_slices(self, op: str, use_graph: bool) -> bool:
         """Whether expand ``op``, as this selection serves it outside (``use_graph`` False) or
         inside graphs, reads a multi-slice input with slice ``p`` at columns ``p * max_lora_rank``
