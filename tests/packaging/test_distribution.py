@@ -25,6 +25,7 @@ Marked ``e2e``, so ``-m "not e2e"`` (and the nested run itself) skips it.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -49,6 +50,8 @@ EPOCH = "1764460800"  # 2025-11-30T00:00:00Z: any fixed value
 NOT_IN_SDIST = (".ci/", ".gitignore")
 #: Installed in this environment by ``pip install -e``: hidden from the fresh environment.
 DEV_INSTALLS = ("sglang_xpu_lora", "sglang_cpu_devsupport", "sgl_kernel", "__editable__")
+#: The host's console scripts that the tests start (``sglang serve``).
+HOST_CONSOLE_SCRIPTS = ("sglang",)
 
 
 def run(argv, **kwargs) -> subprocess.CompletedProcess:
@@ -191,7 +194,7 @@ def test_reproducible_builds(dist, tmp_path):
 def fresh_python(dist, tmp_path_factory) -> Path:
     """A new virtual environment with the wheel installed (``--no-deps --no-index``) that sees this
     environment's packages through a ``.pth`` file naming a directory of links to them, minus this
-    checkout's editable installs and the dev shims."""
+    checkout's editable installs and the dev shims, and has SGLang's ``sglang`` console script."""
     _, wheel, _, _ = dist
     work = tmp_path_factory.mktemp("fresh")
     run([sys.executable, "-m", "venv", "--without-pip", work / "venv"], timeout=120)
@@ -201,6 +204,11 @@ def fresh_python(dist, tmp_path_factory) -> Path:
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
         if entry.suffix != ".pth" and not entry.name.startswith(DEV_INSTALLS):
             (host / entry.name).symlink_to(entry)
+    for name in HOST_CONSOLE_SCRIPTS:  # as pip writes them when it installs SGLang
+        (script,) = importlib.metadata.entry_points(group="console_scripts", name=name)
+        launcher = python.parent / name
+        launcher.write_text(f"#!{python}\nimport sys\nfrom {script.module} import {script.attr}\nsys.exit({script.attr}())\n")
+        launcher.chmod(0o755)
     site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (site / "ci_host_packages.pth").write_text(f"{host}\n")
     run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q", wheel], timeout=300)
