@@ -8,6 +8,8 @@
   this CPU machine and the tiny model, for ``intel_xpu`` and SGLang's ``torch_native``. Every
   request picks one of the adapters; with all names passed as one argument (the old bug) the
   server would fail them, so ``completed`` counts them.
+- The README's command that serves the demo's model and adapters by hand on the CPU, as written:
+  every adapter answers as transformers + PEFT, with the small KV cache the README promises.
 
 Each run gets a private ``/dev/shm`` and ``$TMPDIR`` (``tests/sandbox.py``) that must be empty
 afterwards.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,6 +56,40 @@ def test_cpu_example(tiny_artifacts, tmp_path):
     assert chat == ["base", *tiny_model.ADAPTER_NAMES], result.stdout[-3000:]
     assert not [word for word in ALARMING if word in result.stdout], result.stdout[-3000:]
     assert left == [], f"the example left {left} behind"
+
+
+def readme_block(after: str) -> str:
+    """The first ``bash`` code block of README.md after the text ``after``."""
+    text = (REPO / "README.md").read_text()
+    return text[text.index(after):].split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_cpu_serve_command(tiny_artifacts, hf_reference, tokenizer, tmp_path):
+    artifacts = tiny_artifacts["base"].parent
+    port = serving.free_port()
+    command = (
+        readme_block("To serve them by hand on the CPU:")
+        .replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+        .replace("artifacts/", f"{artifacts}/")
+        .replace("--port 30000", f"--port {port}")
+    )
+    words = shlex.split(command.replace("\\\n", " "))
+    lora_paths = words[words.index("--lora-paths") + 1 : words.index("--max-lora-rank")]
+    adapters = {name: Path(path).name for name, path in (pair.split("=") for pair in lora_paths)}
+    assert sorted(adapters.values()) == sorted(tiny_model.ADAPTER_NAMES), command
+
+    log = tmp_path / "server.log"
+    with serving.started_process(["bash", "-c", command], {}, log) as server:
+        serving.wait_until_healthy(server, port, log, timeout=600)
+        prompt = "The quick brown fox"
+        for name, lora in [(None, None), *adapters.items()]:
+            out = serving.post_json(
+                f"http://127.0.0.1:{port}/generate",
+                {"input_ids": tokenizer.encode(prompt), "lora_path": name,
+                 "sampling_params": {"temperature": 0.0, "max_new_tokens": serving.GREEDY_TOKENS, "ignore_eos": True}},
+            )
+            assert out["output_ids"] == hf_reference(prompt, lora)[1], name
+    assert "KV Cache is allocated. dtype: torch.float32, #tokens: 4096," in log.read_text()
 
 
 def test_bench_serving_script_on_cpu(tiny_artifacts, tmp_path):

@@ -95,8 +95,8 @@ def test_intel_xpu_spec_requirements(monkeypatch):
     assert spec.device_error("cpu") == (
         "--lora-backend intel_xpu requires --device xpu, got --device cpu; its LoRA kernels are Intel GPU "
         "kernels (sgl-kernel-xpu, Triton on XPU); to try it on CPU (portable PyTorch kernels, for testing): "
-        "set SGLANG_XPU_LORA_KERNELS=torch and SGLANG_USE_CPU_ENGINE=1 and pass --device cpu; "
-        "`sglang-xpu-lora doctor --device cpu` checks what else SGLang's CPU engine needs"
+        "set SGLANG_XPU_LORA_KERNELS=torch and SGLANG_USE_CPU_ENGINE=1 and pass --device cpu, then run "
+        "`sglang-xpu-lora doctor --device cpu` to check what else SGLang\'s CPU engine needs"
     )
     assert spec.device_error("cpu", "SGLang picked it: --device was not given").startswith(
         "--lora-backend intel_xpu requires --device xpu, got --device cpu (SGLang picked it: --device was not "

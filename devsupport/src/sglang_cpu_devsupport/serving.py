@@ -25,7 +25,8 @@ from sglang_cpu_devsupport import CPU_ENGINE_ENV, leftovers, tensor_parallel
 CPU_ENGINE_SETTINGS = dict(
     device="cpu",
     attention_backend="torch_native",
-    disable_cuda_graph=True,
+    cuda_graph_backend_decode="disabled",
+    cuda_graph_backend_prefill="disabled",
     max_total_tokens=4096,
     dtype="float32",
 )

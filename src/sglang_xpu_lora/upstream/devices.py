@@ -28,8 +28,8 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 #: How to try ``intel_xpu`` on a CPU (its portable kernels; for testing, not for speed).
 TRY_ON_CPU = (
     f"to try it on CPU (portable PyTorch kernels, for testing): set {KERNELS_ENV}=torch and "
-    f"{CPU_ENGINE_ENV}=1 and pass --device cpu; `sglang-xpu-lora doctor --device cpu` checks what "
-    "else SGLang's CPU engine needs"
+    f"{CPU_ENGINE_ENV}=1 and pass --device cpu, then run `sglang-xpu-lora doctor --device cpu` to "
+    "check what else SGLang's CPU engine needs"
 )
 
 
