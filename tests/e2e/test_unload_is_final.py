@@ -121,14 +121,18 @@ def test_engine_unloading_an_evicted_adapter_revokes_it(engine_run, hf_reference
 
 
 @pytest.fixture(scope="module")
-def server(tiny_artifacts, tmp_path_factory):
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("unload-final-server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifacts, server_log):
     """``url``: one ``sglang serve`` with sql-r8 and doc-r16 at start-up, overlap loading on."""
     port = serving.free_port()
     argv = serving.server_argv(
         tiny_artifacts, ("sql-r8", "doc-r16"), port, enable_lora_overlap_loading=True, max_loaded_loras=3
     )
-    log = tmp_path_factory.mktemp("unload-final-server") / "server.log"
-    with serving.running_server(argv, port, serving.cpu_env(), log):
+    with serving.running_server(argv, port, serving.cpu_env(), server_log):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -229,3 +233,13 @@ def test_http_evicted_adapters_are_loaded_again_exactly(client, hf_reference):
     status, served = client.generate(P2, "evicted-doc", logprobs=True)
     assert status == 200, served
     assert_served({(P2, "evicted-doc"): served}, {"evicted-doc": "doc-r16"}, hf_reference)
+
+
+def test_http_refused_requests_leave_no_traceback_in_the_log(client, server_log):
+    """Each request refused for naming an adapter that is not loaded (here and in the tests above)
+    is one HTTP 400; SGLang alone also logs a ``TypeError`` traceback for it ("Task exception was
+    never retrieved", from releasing the adapter the request never acquired)."""
+    assert client.generate(P0, NEVER_LOADED)[0] == 400
+    assert client.generate(P0, None)[0] == 200  # a later request: the refused one's release ran
+    log = server_log.read_text()
+    assert "Task exception was never retrieved" not in log and "Traceback" not in log, log[-3000:]

@@ -53,6 +53,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter_from_tensors', "
         "'sglang.srt.lora.lora_manager.LoRAManager.init_memory_pool', "
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
+        "'sglang.srt.lora.lora_registry.LoRARegistry.release', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
         "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
         "'sglang.srt.utils.common.configure_logger']" in result.stdout
@@ -319,6 +320,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     ]
     unload_hooks = [  # patches.unload_final, queued after adapter_checks
         ("AROUND", "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"),
+        ("AROUND", "sglang.srt.lora.lora_registry.LoRARegistry.release"),
     ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),

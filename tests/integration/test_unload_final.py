@@ -192,3 +192,31 @@ def test_evicted_adapters_are_loaded_again_and_an_unloaded_evicted_adapter_is_re
         assert "b" not in manager.update_lora_adapter_communicator.loaded
     else:
         assert not unloaded.success and after == "/b"
+
+
+def test_a_refused_request_releases_nothing(scope, manager):
+    """SGLang's ``_release_lora_once`` schedules a release for every request with a ``lora_path``,
+    also one refused before it acquired an adapter (``lora_id`` None). Where the hooks apply, that
+    release returns and a held adapter keeps its count; SGLang alone raises ``TypeError`` in a task
+    nobody awaits (logged as "Task exception was never retrieved", with its traceback)."""
+
+    async def scenario():
+        await load(manager, "a", "/a")
+        held = SimpleNamespace(lora_path="a", lora_id=None)
+        await manager._resolve_lora_path(held)  # a request on "a", still running
+        refused = SimpleNamespace(lora_path="never", lora_id=None)
+        with pytest.raises(ValueError, match=never_loaded("never")):
+            await manager._resolve_lora_path(refused)
+        manager.enable_lora, manager._lora_release_tasks = True, set()
+        task = manager._release_lora_once(SimpleNamespace(lora_released=False, obj=refused))
+        await asyncio.wait([task])
+        unload_waits = asyncio.ensure_future(manager.lora_registry.wait_for_unload(held.lora_id))
+        await asyncio.sleep(0.05)
+        return task.exception(), unload_waits.done()
+
+    error, drained = asyncio.run(scenario())
+    assert not drained  # the running request on "a" still holds its count
+    if scope[1]:
+        assert error is None
+    else:
+        assert isinstance(error, TypeError) and "lora_id must be either a string" in str(error), error

@@ -36,9 +36,12 @@ unload_final           ``TokenizerControlMixin.unload_lora_adapter`` (AROUND), i
                        for the implicit reload of adapters evicted under ``--max-loaded-loras``,
                        sglang PR #11526; cf. TGI #2505), so it gets the never-loaded error (HTTP
                        400) and a later load under its name loads the new weights; evicted
-                       adapters are reloaded as before. For plugin backends (all with
-                       ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
-                       user-unloaded name from ``lora_ref_cache``.
+                       adapters are reloaded as before. ``LoRARegistry.release`` (AROUND): a
+                       request refused for naming an adapter that is not loaded releases nothing
+                       (SGLang logs a ``TypeError`` traceback for each). For plugin backends (all
+                       with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
+                       user-unloaded name from ``lora_ref_cache`` and releases only what a request
+                       acquired.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin

@@ -1,5 +1,5 @@
 """Target: sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter
-    (AROUND). It runs where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process
+    (AROUND) and sglang.srt.lora.lora_registry.LoRARegistry.release (AROUND). They run where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process
     (HTTP) or the process that made the ``sglang.Engine``; SGLang loads plugins there before it
     builds the manager.
 Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManager.lora_ref_cache``,
@@ -8,7 +8,10 @@ Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManage
     and ``_resolve_lora_path`` loads again any unregistered name it finds there. So after a
     successful unload, a request naming the adapter loads its old weights and is answered with them
     (HTTP 200), and a later load of other weights under the name is refused "already loaded": an
-    unload does not revoke the adapter (the same class of bug as TGI #2505).
+    unload does not revoke the adapter (the same class of bug as TGI #2505). And a request refused
+    for naming an adapter that is not loaded still has SGLang release the adapter it never
+    acquired (``LoRARegistry.release(None)``), in a task nobody awaits: a ``TypeError`` logged as
+    "Task exception was never retrieved", with its traceback, for every such request.
 How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plugin backends, all
     backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``), an unload
     * removes the name from ``lora_ref_cache`` before SGLang unloads it. A request that read the
@@ -24,11 +27,14 @@ How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: pl
     A request naming an unloaded adapter then meets SGLang's own check for a name that was never
     loaded (``ValueError``: an error from ``Engine.generate``, HTTP 400), and a later load under the
     name loads the weights it names. Evicted adapters stay in the cache and are loaded again on
-    request exactly as before.
+    request exactly as before. The release of a request that acquired nothing (``lora_id`` None:
+    ``LoRARegistry.acquire`` looks every name up before it counts any, so a refused request holds
+    no count) returns without touching the usage counters.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
     ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
 Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
-    in ``tokenizer_control_mixin.py``); no upstream issue tracks it yet.
+    in ``tokenizer_control_mixin.py``) and releases only what a request acquired; no upstream issue
+    tracks either yet.
 """
 
 from __future__ import annotations
@@ -85,3 +91,10 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         return await unload_finally(original, manager, obj, *args, **kwargs)
 
     queue_hook(targets.TOKENIZER_UNLOAD_LORA_ADAPTER, around_unload_lora_adapter, "AROUND", undo)
+
+    async def around_release(original, lora_registry, lora_id, *args, **kwargs):
+        if lora_id is None and in_scope():
+            return None  # a request refused before it acquired an adapter holds no count
+        return await original(lora_registry, lora_id, *args, **kwargs)
+
+    queue_hook(targets.LORA_REGISTRY_RELEASE, around_release, "AROUND", undo)

@@ -57,6 +57,7 @@ TOKENIZER_CONTROL_MIXIN = "sglang.srt.managers.tokenizer_control_mixin.Tokenizer
 TOKENIZER_UNLOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".unload_lora_adapter"
 TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
 LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
+LORA_REGISTRY_RELEASE = LORA_REGISTRY + ".release"
 UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
@@ -139,6 +140,7 @@ ALL = (
     TOKENIZER_UNLOAD_LORA_ADAPTER,
     TOKENIZER_LOAD_LORA_ADAPTER,
     LORA_REGISTRY,
+    LORA_REGISTRY_RELEASE,
     UNLOAD_LORA_ADAPTER_REQ_INPUT,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
@@ -200,6 +202,7 @@ REQUIRED_PARAMETERS = {
     # The hook reads lm_head by name or at this position (after self).
     LOGITS_PROCESSOR_FORWARD: ("input_ids", "hidden_states", "lm_head"),
     TOKENIZER_UNLOAD_LORA_ADAPTER: ("obj",),
+    LORA_REGISTRY_RELEASE: ("lora_id",),
     LORA_UPDATE_OUTPUT: ("success", "error_message", "loaded_adapters"),
     # Parent methods IntelXpuLoRABackend overrides, with the parameters its overrides name.
     TRITON_BACKEND + ".__init__": ("max_loras_per_batch", "device"),
