@@ -58,7 +58,7 @@ def build_broken(good_adapter, root, vocab_size: int) -> dict:
     import json
     import shutil
 
-    def copy(name, drop=None, extra_targets=(), files=None):
+    def copy(name, drop=None, extra_targets=(), files=None, raw=None):
         out = root / name
         shutil.copytree(good_adapter, out)
         if drop:
@@ -69,6 +69,8 @@ def build_broken(good_adapter, root, vocab_size: int) -> dict:
             (out / "adapter_config.json").write_text(json.dumps(config))
         for file, content in (files or {}).items():
             (out / file).write_text(json.dumps(content))
+        for file, transform in (raw or {}).items():  # file -> bytes from its current bytes (b"" if none)
+            (out / file).write_bytes(transform((out / file).read_bytes() if (out / file).exists() else b""))
         return out
 
     missing = root / "no-such-adapter"
@@ -76,6 +78,19 @@ def build_broken(good_adapter, root, vocab_size: int) -> dict:
         "missing-path": (missing, f"{missing}: the path does not exist"),
         "no-config": (copy("no-config", drop="adapter_config.json"), "has no adapter_config.json"),
         "no-weights": (copy("no-weights", drop="adapter_model.safetensors"), "has no adapter weights (adapter_model.safetensors"),
+        "training-files-only": (  # SGLang's loader skips these; they are not weights
+            copy("training-files-only", drop="adapter_model.safetensors",
+                 raw={"training_args.bin": lambda _: b"not weights", "optimizer.pt": lambda _: b"not weights"}),
+            "has no adapter weights (adapter_model.safetensors",
+        ),
+        "corrupt-weights": (
+            copy("corrupt-weights", raw={"adapter_model.safetensors": lambda data: data[:1000]}),
+            "Error while deserializing header",
+        ),
+        "invalid-config-json": (
+            copy("invalid-config-json", raw={"adapter_config.json": lambda data: b"{" + data}),
+            "Expecting property name enclosed in double quotes",
+        ),
         "foreign-target": (
             copy("foreign-target", extra_targets=["query_key_value"]),
             "names ['query_key_value'], which the base model does not have",

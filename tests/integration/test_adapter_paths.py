@@ -60,10 +60,50 @@ def test_a_hub_id_is_left_to_sglang(sglang_plugins_loaded, tiny_artifacts, monke
     check_lora_paths(server_args(tiny_artifacts, {"hub": "some-org/some-adapter"}))
 
 
-@pytest.mark.parametrize("name", ["missing-path", "no-config", "no-weights"])
+def test_a_mistyped_path_under_a_local_directory_is_a_path(sglang_plugins_loaded, tiny_artifacts, monkeypatch):
+    """``artifacts/sql-r9`` is a valid Hub id, but ``artifacts/`` is a directory here: a path (as
+    ``./artifacts/sql-r9`` is), refused at argument validation; SGLang would try to download it
+    after loading the model."""
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    root = tiny_artifacts["sql-r8"].parent
+    monkeypatch.chdir(root.parent)
+    with pytest.raises(ValueError) as refused:
+        check_lora_paths(server_args(tiny_artifacts, {"typo": f"{root.name}/sql-r9", "good": f"{root.name}/sql-r8"}))
+    assert str(refused.value) == (
+        f"LoRA adapter 'typo' cannot be loaded from {root.name}/sql-r9: the path does not exist (read as a path: "
+        f"{root.name}/ is a directory here, not a Hugging Face Hub namespace); check the path or give an existing "
+        "adapter directory"
+    )
+
+
+def test_an_empty_name_or_path_is_refused(sglang_plugins_loaded, tiny_artifacts, monkeypatch):
+    """``--lora-paths =PATH`` loads an adapter no request can select (a request naming "" gets the
+    base model); ``NAME=`` would read the working directory."""
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    with pytest.raises(ValueError) as refused:
+        check_lora_paths(server_args(tiny_artifacts, {"": tiny_artifacts["sql-r8"], "no-path": ""}))
+    assert str(refused.value).splitlines() == [
+        f"the LoRA adapter at {str(tiny_artifacts['sql-r8'])!r} has an empty name, which no request can select; "
+        "name it (--lora-paths NAME=PATH, or lora_name when loading it)",
+        "LoRA adapter 'no-path' cannot be loaded from '': the path is empty; give the adapter's directory",
+    ]
+
+
+def test_a_refusal_ends_the_launcher_with_its_message_alone(sglang_plugins_loaded, tiny_artifacts, broken, monkeypatch):
+    """The refusal is a ``ValueError`` (``Engine`` callers catch it) and a ``SystemExit`` with the
+    message as its code: ``sglang serve`` prints it and exits 1, without a traceback."""
+    monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    with pytest.raises(SystemExit) as refused:
+        check_lora_paths(server_args(tiny_artifacts, {"no-config": broken["no-config"][0]}))
+    assert isinstance(refused.value, ValueError)
+    assert refused.value.code == f"error: {refused.value}" and str(refused.value).startswith("LoRA adapter 'no-config'")
+
+
+@pytest.mark.parametrize("name", ["missing-path", "no-config", "no-weights", "training-files-only", "invalid-config-json"])
 def test_a_local_path_is_refused_at_load_before_sglang_reads_it_as_a_hub_id(sglang_plugins_loaded, broken, monkeypatch, name):
     """SGLang's hooked ``_load_lora_adapter`` (what /load_lora_adapter and Engine.load_lora_adapter
-    reach) answers a failed load naming the path, and keeps nothing."""
+    reach) answers a failed load naming the adapter and the path, also where SGLang's own reading
+    of ``adapter_config.json`` fails, and keeps nothing."""
     from sglang.srt.lora.lora_manager import LoRAManager
     from sglang.srt.lora.lora_registry import LoRARef
 

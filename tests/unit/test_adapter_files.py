@@ -9,7 +9,7 @@ import os
 import pytest
 
 from sglang_xpu_lora.adapters import AdapterRejected
-from sglang_xpu_lora.adapters.adapter_files import check_added_tokens, check_adapter_files, is_local_reference
+from sglang_xpu_lora.adapters.adapter_files import check_added_tokens, check_adapter_files, is_local_reference, weight_files
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_tilde_is_not_expanded_by_sglang():
 def test_a_file_a_directory_without_config_and_one_without_weights_are_named(adapter_dir):
     assert "it is a file, not a directory" in refusal("sql", str(adapter_dir / "adapter_config.json"))
     (adapter_dir / "adapter_model.safetensors").unlink()
-    assert "has no adapter weights (adapter_model.safetensors or adapter_model.bin)" in refusal("sql", str(adapter_dir))
+    assert "has no adapter weights (adapter_model.safetensors or adapter_model.bin;" in refusal("sql", str(adapter_dir))
     (adapter_dir / "adapter_config.json").unlink()
     assert "has no adapter_config.json, so it is not a PEFT adapter" in refusal("sql", str(adapter_dir))
 
@@ -94,3 +94,17 @@ def test_added_tokens_count_from_the_base_vocabulary_as_sglang_counts_them():
         "model's vocabulary of 1024"
     ), refused.value
     assert "merge_and_unload" in str(refused.value)
+
+
+def test_weight_files_are_those_sglang_loads(tmp_path):
+    """SGLang's loader takes the first pattern with files (safetensors, then bin, then pt) and drops
+    training files from bin/pt: a directory with only training_args.bin has no weights, and one
+    whose only .bin is training_args.bin finds none even with an adapter_model.pt next to it."""
+    (tmp_path / "training_args.bin").write_bytes(b"x")
+    assert weight_files(tmp_path) == []
+    (tmp_path / "adapter_model.pt").write_bytes(b"x")
+    assert weight_files(tmp_path) == []  # SGLang stops at *.bin, then filters it empty
+    (tmp_path / "adapter_model.bin").write_bytes(b"x")
+    assert weight_files(tmp_path) == [tmp_path / "adapter_model.bin"]
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    assert weight_files(tmp_path) == [tmp_path / "adapter_model.safetensors"]

@@ -63,6 +63,7 @@ from sglang_xpu_lora.adapters.tensor_checks import (
     hf_module_dims,
     sglang_module_dims,
 )
+from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
@@ -88,7 +89,9 @@ def check_lora_paths(server_args: Any) -> None:
     from its config, are checked when they load.
 
     Raises:
-        ValueError: one line per refused adapter (and for an invalid scope setting).
+        BackendArgumentError: one line per refused adapter (a ``ValueError``; uncaught, the launcher
+            exits with the lines alone).
+        ValueError: for an invalid scope setting.
     """
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     # applies_to first: an invalid scope setting is reported here, not at the first adapter load.
@@ -115,7 +118,7 @@ def check_lora_paths(server_args: Any) -> None:
         except ValueError as exc:  # an unreadable file
             problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {ref.lora_path}: {exc}")
     if problems:
-        raise ValueError("\n".join(problems))
+        raise BackendArgumentError("\n".join(problems))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,16 @@ class BaseModelFacts:
         vocab_size = getattr(model.config.get_text_config(), "vocab_size", None)
         served = None if served_modules is None else frozenset(_normalize(served_modules))
         return cls(hf_module_dims(model), frozenset(names), vocab_size, served)
+
+
+def naming_the_adapter(lora_ref: Any, message: str) -> str:
+    """A failed load's ``message`` naming the adapter and its path: the plugin's refusals do
+    already ("LoRA adapter 'name' ..."); SGLang's own errors (an unreadable ``adapter_config.json``
+    or weights file) say only what failed."""
+    if message.startswith("LoRA adapter "):
+        return message
+    source = f" from {lora_ref.lora_path}" if getattr(lora_ref, "lora_path", None) else ""
+    return f"LoRA adapter {lora_ref.lora_name!r} cannot be loaded{source}: {message}"
 
 
 def check_local_adapter(
@@ -164,9 +177,13 @@ def check_local_adapter(
         check_added_tokens(name, read_added_tokens(path), base.vocab_size)
     weights = path / "adapter_model.safetensors"
     if (base is not None or embedding_logits is not None) and weights.is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        tensors = load_file(weights)
+        try:
+            tensors = load_file(weights)
+        except SafetensorError as exc:
+            raise ValueError(f"{weights.name} is not a readable safetensors file ({exc})") from exc
         check_served_modules(name, lora_modules(tensors), embedding_logits)
         if base is not None:
             check_tensors(plan, tensors.items(), base.dims, require_known_modules=False)
@@ -271,12 +288,13 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
             return original(manager, lora_ref, *args, **kwargs)
         had_config, had_weights = lora_ref.lora_id in manager.configs, lora_ref.lora_id in manager.loras
         result = original(manager, lora_ref, *args, **kwargs)
-        if not result.success:  # SGLang keeps the config (and weights) of a failed load
-            if not had_config:
-                manager.configs.pop(lora_ref.lora_id, None)
-            if not had_weights:
-                manager.loras.pop(lora_ref.lora_id, None)
-        return result
+        if result.success:
+            return result
+        if not had_config:  # SGLang keeps the config (and weights) of a failed load
+            manager.configs.pop(lora_ref.lora_id, None)
+        if not had_weights:
+            manager.loras.pop(lora_ref.lora_id, None)
+        return manager.create_lora_update_result(success=False, error_message=naming_the_adapter(lora_ref, result.error_message))
 
     def before_normalize_weights(adapter, *args, **kwargs):
         prepare_weights(adapter)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
+from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
-from sglang_xpu_lora.patches.validation import BackendArgumentError
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
 

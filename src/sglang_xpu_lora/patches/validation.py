@@ -24,28 +24,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry, LoRABackendSpec
 from sglang_xpu_lora.upstream import devices, targets
 from sglang_xpu_lora.upstream.compat import resolve
-
-
-class BackendArgumentError(SystemExit, ValueError):
-    """A plugin backend cannot serve with these server arguments (a device it cannot run on, its
-    kernels missing, or the plugin could not register it at all: :mod:`.refusal`); the message says
-    why and what to do.
-
-    A ``ValueError`` like SGLang's own validation errors (``except ValueError`` and ``except
-    Exception`` catch it, e.g. around ``sglang.Engine(...)``), and a ``SystemExit`` whose code is
-    ``"error: <message>"``, so a launcher that does not catch it (``sglang serve``, ``python -m
-    sglang.launch_server``) exits with status 1 and prints that one line, not a traceback through
-    SGLang's start-up. (Uncaught in a thread other than the main one, a ``SystemExit`` ends that
-    thread without a message: catch ``ValueError`` around an ``Engine`` built in a thread.)
-    """
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.code = f"error: {message}"
 
 
 def _lora_spec(registry: LoRABackendRegistry, cfg: Any) -> Optional[LoRABackendSpec]:

@@ -49,6 +49,8 @@ LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_we
 GET_LORA = "sglang.srt.runtime_context.get_lora"
 GET_NORMALIZED_TARGET_MODULES = "sglang.srt.lora.utils.get_normalized_target_modules"
 AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target_modules"
+# The training files SGLang's loader skips among *.bin / *.pt (adapters/adapter_files.py).
+FILTER_FILES_NOT_NEEDED_FOR_INFERENCE = "sglang.srt.model_loader.weight_utils.filter_files_not_needed_for_inference"
 
 # Unloads made final (patches/unload_final.py), in the TokenizerManager's process.
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
@@ -134,6 +136,7 @@ ALL = (
     GET_LORA,
     GET_NORMALIZED_TARGET_MODULES,
     AUTO_DETECT_LORA_TARGET_MODULES,
+    FILTER_FILES_NOT_NEEDED_FOR_INFERENCE,
     TOKENIZER_MANAGER,
     TOKENIZER_RESOLVE_LORA_PATH,
     TOKENIZER_CONTROL_MIXIN,
@@ -238,7 +241,7 @@ REQUIRED_ATTRIBUTES = {
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules", "added_tokens_config"),
     LORA_REF: ("lora_id", "lora_name", "lora_path"),
-    LORA_UPDATE_OUTPUT: ("success",),
+    LORA_UPDATE_OUTPUT: ("success", "error_message"),
     # patches/unload_final.py: the manager's adapter names.
     TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
     LORA_REGISTRY: ("get_all_adapters",),
