@@ -148,7 +148,7 @@ def test_validation_of_intel_xpu_on_cpu(run_python, tiny_artifacts):
         "auto None INVALID --lora-backend intel_xpu requires --device xpu, got --device cpu; its LoRA kernels "
         "are Intel GPU kernels (sgl-kernel-xpu, Triton on XPU); to try it on CPU (portable PyTorch kernels, for "
         "testing): set SGLANG_XPU_LORA_KERNELS=torch and SGLANG_USE_CPU_ENGINE=1 and pass --device cpu, then run "
-        "`sglang-xpu-lora doctor --device cpu` to check what else SGLang\'s CPU engine needs"
+        "`sglang-xpu-lora doctor --device cpu` to check what else SGLang's CPU engine needs"
     ) in lines, result.stdout + result.stderr[-3000:]
     assert "torch None VALID" in lines
     assert "fast None INVALID SGLANG_XPU_LORA_KERNELS='fast' is not one of auto, native, triton, torch; unset it or set SGLANG_XPU_LORA_KERNELS=torch for the portable kernels" in lines

@@ -147,7 +147,7 @@ def naming_the_adapter(lora_ref: Any, message: str) -> str:
     or weights file) say only what failed."""
     if message.startswith("LoRA adapter "):
         return message
-    source = f" from {lora_ref.lora_path}" if getattr(lora_ref, "lora_path", None) else ""
+    source = f" from {lora_ref.lora_path}" if lora_ref.lora_path else ""
     return f"LoRA adapter {lora_ref.lora_name!r} cannot be loaded{source}: {message}"
 
 
@@ -294,7 +294,8 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
             manager.configs.pop(lora_ref.lora_id, None)
         if not had_weights:
             manager.loras.pop(lora_ref.lora_id, None)
-        return manager.create_lora_update_result(success=False, error_message=naming_the_adapter(lora_ref, result.error_message))
+        message = naming_the_adapter(lora_ref, result.error_message)
+        return manager.create_lora_update_result(success=False, error_message=message)
 
     def before_normalize_weights(adapter, *args, **kwargs):
         prepare_weights(adapter)

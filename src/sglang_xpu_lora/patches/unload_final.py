@@ -1,7 +1,7 @@
 """Target: sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter
-    (AROUND) and sglang.srt.lora.lora_registry.LoRARegistry.release (AROUND). They run where the ``TokenizerManager`` runs: the ``sglang serve`` launcher process
-    (HTTP) or the process that made the ``sglang.Engine``; SGLang loads plugins there before it
-    builds the manager.
+    (AROUND) and sglang.srt.lora.lora_registry.LoRARegistry.release (AROUND). They run where the
+    ``TokenizerManager`` runs: the ``sglang serve`` launcher process (HTTP) or the process that
+    made the ``sglang.Engine``; SGLang loads plugins there before it builds the manager.
 Why: SGLang 0.5.23 remembers every adapter name ever loaded in ``TokenizerManager.lora_ref_cache``,
     so that an adapter evicted under ``--max-loaded-loras`` is loaded again when a request names it
     (sglang PR #11526). A user's ``unload_lora_adapter`` does not remove the name from that cache,
