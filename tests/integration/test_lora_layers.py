@@ -124,3 +124,98 @@ def test_two_slices_routed_to_the_three_slice_kernel_are_rejected(emulate):
     with emulate("full"):
         with pytest.raises(RuntimeError, match="output_offset must have exactly 4 elements"):
             providers.select_ops().eager.qkv_lora_b_fwd(**call)
+
+
+class LinearMethod:
+    """The ``quant_method`` of an unquantized SGLang linear: ``x @ weight.T + bias``."""
+
+    @staticmethod
+    def apply(layer, x, bias):
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+def counting_layer(backend):
+    """A gate_up layer (SGLang's ``MergedColumnParallelLinearWithLoRA`` over a stand-in base) whose
+    backend counts the ``forward_with_base`` calls that reach it."""
+    base = BaseLayer((6, 10), quant_method=LinearMethod(), skip_bias_add=False, gather_output=False)
+    base.weight.data = torch.randn(16, HIDDEN)
+    layer = layers_module().MergedColumnParallelLinearWithLoRA(base, backend)
+    layer.set_lora_info(*layer_weights(2, 16, seed=7))
+    calls = []
+    served = backend.forward_with_base
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("kind"))
+        return served(*args, **kwargs)
+
+    backend.forward_with_base = counted
+    return layer, calls
+
+
+def layers_module():
+    from sglang.srt.lora import layers
+
+    return layers
+
+
+def prepared_backend(slot_of_row):
+    """``IntelXpuLoRABackend`` prepared for a decode batch, with ``has_active_lora`` set as
+    ``LoRAManager.prepare_lora_batch`` sets it (a row's slot has a rank above 0)."""
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    backend.prepare_lora_batch(forward_batch("DECODE", len(slot_of_row)), slot_of_row, RANKS, SCALINGS, False)
+    backend.batch_info.has_active_lora = any(RANKS[slot] > 0 for slot in slot_of_row)
+    return backend
+
+
+def test_a_batch_without_adapters_runs_the_base_layer_alone(provider):
+    """No row names an adapter (every row on the rank-0 base slot): SGLang's layer skips the
+    backend, so the batch costs the base GEMM alone and its output is the base output, bit for
+    bit. With SGLang's default (``skip_inactive_dense_lora = False``) the same batch would run the
+    LoRA ops, which is what the flag exists to avoid."""
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    assert IntelXpuLoRABackend.skip_inactive_dense_lora is True
+    layer, calls = counting_layer(prepared_backend([0, 0, 0]))
+    x = torch.randn(3, HIDDEN)
+    out, _ = layer(x)
+    assert calls == [] and torch.equal(out, torch.nn.functional.linear(x, layer.base_layer.weight))
+
+    layer.lora_backend.skip_inactive_dense_lora = False  # SGLang's default: the ops run anyway
+    layer(x)
+    assert len(calls) == 1
+
+
+def test_a_batch_with_one_adapter_row_still_runs_lora(provider):
+    """The skip is for whole batches only: one adapter row among base rows gets its LoRA."""
+    layer, calls = counting_layer(prepared_backend([0, 1, 0]))
+    x = torch.randn(3, HIDDEN)
+    out, _ = layer(x)
+    base = torch.nn.functional.linear(x, layer.base_layer.weight)
+    a, b = layer_weights(2, 16, seed=7)
+    expected = reference(x, a, b, (6, 10), [0, 1, 0], base)
+    assert len(calls) == 1
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[0], base[0]) and not torch.equal(out[1], base[1])
+
+
+def test_decode_graphs_record_a_nolora_variant_that_skips_lora(provider):
+    """Inside graphs: SGLang's decode graph runner records a ``nolora`` graph per batch size for a
+    backend with ``skip_inactive_dense_lora`` and replays it for batches without adapters; that
+    capture holds no LoRA op, while the ``lora`` capture holds them even for an idle batch (its
+    replay must serve any batch)."""
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner
+    from sglang.srt.model_executor.runner_utils import capture_mode
+
+    layer, calls = counting_layer(prepared_backend([0, 0, 0]))
+    manager = type("Manager", (), {"lora_backend": layer.lora_backend})()
+    assert decode_cuda_graph_runner._lora_backend_skips_inactive(type("Runner", (), {"lora_manager": manager})())
+    x = torch.randn(3, HIDDEN)
+    with capture_mode.model_capture_mode():
+        with capture_mode.capture_lora_variant("nolora"):
+            layer(x)
+        assert calls == []
+        with capture_mode.capture_lora_variant("lora"):
+            layer(x)
+        assert len(calls) == 1

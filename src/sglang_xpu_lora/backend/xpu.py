@@ -89,6 +89,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
     name = "intel_xpu"
     supports_dp_attention = False
+    #: A batch in which no row names an adapter runs the base layers alone: SGLang's layers skip
+    #: ``forward_with_base`` when ``LoRABatchInfo.has_active_lora`` is False (``lora_active`` in
+    #: ``srt/lora/layers.py``), and the decode graph runner records a second, ``nolora`` graph per
+    #: batch size and replays it for such batches (``record_nolora_graph``), as for ``triton_v2``.
+    skip_inactive_dense_lora = True
     #: When permuted (decode) batches on the Triton provider run SGLang's chunked-SGMV kernels
     #: (:class:`~sglang_xpu_lora.backend.batch_routes.ChunkedDecodeRule`; off until the op
     #: benchmark shows where they win, docs/performance.md).

@@ -252,14 +252,15 @@ REQUIRED_ATTRIBUTES = {
     ),
     LORA_BATCH_LAYOUT: ("DP_LOCAL",),
     # Inherited state and methods IntelXpuLoRABackend reads, and what it overrides (the
-    # ``name`` every concrete SGLang backend declares is read from any manager's backend).
+    # ``name`` every concrete SGLang backend declares is read from any manager's backend;
+    # ``skip_inactive_dense_lora`` is read by SGLang's layers and decode graph runner).
     TRITON_BACKEND: (
         "name", "supports_dp_attention", "device", "max_loras_per_batch", "batch_info", "sgemm_batch_info",
         "lm_head_batch_info", "lm_head_pass_batch_infos", "prefill_cuda_graph_batch_info",
         "prefill_cuda_graph_max_tokens", "get_batch_info", "_sgemm_info", "validate_lora_targets",
         "prepare_lora_batch", "prepare_lora_token_segments", "init_decode_cuda_graph_batch_info",
         "init_prefill_cuda_graph_batch_info", "run_lora_a_embedding", "run_lora_a_sgemm", "run_lora_b_sgemm",
-        "run_qkv_lora", "run_gate_up_lora",
+        "run_qkv_lora", "run_gate_up_lora", "skip_inactive_dense_lora",
     ),
     # Layers whose sizes the adapter checks read (adapters/tensor_checks.py).
     BASE_LAYER_WITH_LORA: ("base_layer",),
