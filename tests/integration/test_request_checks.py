@@ -177,3 +177,53 @@ def test_a_request_for_an_adapter_that_is_not_loaded_says_whether_it_was_unloade
         )
     else:  # SGLang alone serves the unloaded adapter again and refuses the other as never loaded
         assert re.match(r"Got LoRA adapter that has never been loaded: never\n", refused), refused
+
+
+HALF_APPLIED = """
+import types
+from sglang.srt.lora.backend import lora_registry
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang_xpu_lora.patches.request_checks as request_checks
+
+queued = []
+queue_hook = request_checks.queue_hook
+
+def queue_two(target, *args):  # the third hook of the patch cannot be queued
+    if len(queued) == 2:
+        raise RuntimeError("no hook for " + target)
+    queued.append(target)
+    queue_hook(target, *args)
+
+request_checks.queue_hook = queue_two
+from sglang.srt.plugins import load_plugins
+load_plugins()
+print("REGISTERED", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
+(refuse,) = [h for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if t.endswith("ServerArgs.resolve_once")]
+try:
+    refuse(types.SimpleNamespace(lora_backend="intel_xpu", enable_lora=True))
+except ValueError as exc:
+    print("REFUSED", exc)
+single = GenerateReqInput(text="p", lora_path=["a", "b"])
+single.normalize_batch_and_arguments()  # passed through: SGLang's own normalisation
+print("PASSED", single.lora_path)
+"""
+
+
+def test_a_patch_that_fails_half_way_is_rolled_back_whole(run_python):
+    """The request checks apply whole or not at all, like every patch: when their last hook cannot
+    be queued, the two queued before it and every earlier patch's steps are undone (the hooks pass
+    straight through), no backend is registered, and ``--lora-backend intel_xpu`` fails naming the
+    patch, the cause and what was undone."""
+    result = run_python(HALF_APPLIED)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "REGISTERED False" in result.stdout
+    io = "sglang.srt.managers.io_struct."
+    assert (
+        "could not patch SGLang: patch request_checks failed (RuntimeError: no hook for "
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path); rolled back: "
+        f"undid the AROUND hook on {io}EmbeddingReqInput.normalize_batch_and_arguments; "
+        f"undid the AROUND hook on {io}GenerateReqInput.normalize_batch_and_arguments; "
+        "undid the AROUND hook on sglang.srt.lora.lora_registry.LoRARegistry.release; "
+    ) in result.stdout
+    assert "PASSED ['a', 'b']" in result.stdout

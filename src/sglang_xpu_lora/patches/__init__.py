@@ -34,14 +34,14 @@ unload_final           ``TokenizerControlMixin.unload_lora_adapter`` (AROUND), i
                        TokenizerManager's process: an unloaded adapter is no longer loaded again
                        by a request that names it (SGLang keeps every name in ``lora_ref_cache``
                        for the implicit reload of adapters evicted under ``--max-loaded-loras``,
-                       sglang PR #11526; cf. TGI #2505), so it gets the never-loaded error (HTTP
-                       400) and a later load under its name loads the new weights; evicted
-                       adapters are reloaded as before. ``LoRARegistry.release`` (AROUND): a
-                       request refused for naming an adapter that is not loaded releases nothing
-                       (SGLang logs a ``TypeError`` traceback for each). For plugin backends (all
-                       with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
-                       user-unloaded name from ``lora_ref_cache`` and releases only what a request
-                       acquired.
+                       sglang PR #11526; cf. TGI #2505), so it is refused as unloaded (HTTP 400,
+                       ``request_checks``) and a later load under its name loads the new weights;
+                       evicted adapters are reloaded as before. ``LoRARegistry.release``
+                       (AROUND): a request refused for naming an adapter that is not loaded
+                       releases nothing (SGLang logs a ``TypeError`` traceback for each). For
+                       plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove
+                       when SGLang drops a user-unloaded name from ``lora_ref_cache`` and releases
+                       only what a request acquired.
 request_checks         ``GenerateReqInput`` / ``EmbeddingReqInput.normalize_batch_and_arguments``
                        and ``TokenizerManager._resolve_lora_path`` (AROUND), in the
                        TokenizerManager's process: a request's ``lora_path`` and ``lora_id`` are
