@@ -21,34 +21,41 @@ from sglang_xpu_lora.adapters import checked_backends
 #: backend, SGLANG_XPU_LORA_ADAPTER_CHECKS, whether requests are checked there.
 SCOPES = [("intel_xpu", None, True), ("csgmv", None, False), ("csgmv", "all", True)]
 
-SINGLE_LIST = "is a list of {found} for a single prompt; expected an adapter name (a string) or None"
-BATCH_LENGTH = "has {found} entries for a batch of {prompts} prompt{s}; expected {prompts}, one per prompt (or one"
+SINGLE_LIST = "is a list of {} for a single prompt; expected an adapter name (a string) or None"
+TYPE = "must be an adapter name (a string), None, or a list of those, not "
+ENTRY = "must be an adapter name (a string) or None, not "
+LORA_ID_ALONE = "lora_id is the adapter id SGLang sets from lora_path, and this request has no "
 
-#: (request fields, the refusal where checked). SGLang alone normalises each of them without a word.
+
+def batch_length(found: int, prompts: int) -> str:
+    plural = "s" if prompts != 1 else ""
+    entries = f"lora_path has {found} entries"
+    return f"{entries} for a batch of {prompts} prompt{plural}; expected {prompts}"
+
+
+#: (request fields, the refusal where checked). SGLang alone normalises each of them without a
+#: word, but for the one in SGLANG_REFUSES.
 REFUSED = [
-    ({"text": "p", "lora_path": ["a", "b"]}, "lora_path " + SINGLE_LIST.format(found=2)),
-    ({"text": "p", "lora_path": ["a"]}, "lora_path " + SINGLE_LIST.format(found=1)),
-    ({"input_ids": [1, 2], "lora_path": []}, "lora_path " + SINGLE_LIST.format(found=0)),
-    ({"text": ["p", "q", "r"], "lora_path": ["a", "b"]}, "lora_path " + BATCH_LENGTH.format(found=2, prompts=3, s="s")),
-    ({"text": ["p", "q"], "lora_path": ["a", "b", None]}, "lora_path " + BATCH_LENGTH.format(found=3, prompts=2, s="s")),
-    ({"input_ids": [[1], [2]], "lora_path": []}, "lora_path " + BATCH_LENGTH.format(found=0, prompts=2, s="s")),
+    ({"text": "p", "lora_path": ["a", "b"]}, "lora_path " + SINGLE_LIST.format(2)),
+    ({"text": "p", "lora_path": ["a"]}, "lora_path " + SINGLE_LIST.format(1)),
+    ({"input_ids": [1, 2], "lora_path": []}, "lora_path " + SINGLE_LIST.format(0)),
+    ({"text": ["p", "q", "r"], "lora_path": ["a", "b"]}, batch_length(2, 3)),
+    ({"text": ["p", "q"], "lora_path": ["a", "b", None]}, batch_length(3, 2)),
+    ({"input_ids": [[1], [2]], "lora_path": []}, batch_length(0, 2)),
     (  # n=2 makes one prompt a batch of one; SGLang repeats the list for the samples
         {"text": "p", "lora_path": ["a", "b"], "sampling_params": {"n": 2}},
-        "lora_path " + BATCH_LENGTH.format(found=2, prompts=1, s="") + " string for all); SGLang repeats each entry "
+        batch_length(2, 1) + ", one per prompt (or one string for all); SGLang repeats each entry "
         "for the n=2 samples",
     ),
-    (
-        {"text": ["p", "q"], "lora_path": ["a", "b", "a", "b"], "sampling_params": {"n": 2}},
-        "lora_path " + BATCH_LENGTH.format(found=4, prompts=2, s="s"),
-    ),
-    ({"text": "p", "lora_path": ("a",)}, "lora_path must be an adapter name (a string), None, or a list of those, not tuple"),
-    ({"text": "p", "lora_path": 3}, "lora_path must be an adapter name (a string), None, or a list of those, not int"),
-    ({"text": ["p", "q"], "lora_path": 3}, "lora_path must be an adapter name (a string), None, or a list of those"),
-    ({"text": ["p", "q"], "lora_path": [["a"], None]}, "lora_path[0] must be an adapter name (a string) or None, not list"),
-    ({"text": ["p", "q"], "lora_path": ["a", 1]}, "lora_path[1] must be an adapter name (a string) or None, not int"),
-    ({"text": "p", "lora_id": "some-id"}, "lora_id is the adapter id SGLang sets from lora_path, and this request has no lora_path"),
-    ({"text": ["p", "q"], "lora_id": [None, "some-id"]}, "lora_id is the adapter id SGLang sets from lora_path"),
-    ({"text": "p", "lora_path": "a", "lora_id": ["x", "y"]}, "lora_id " + SINGLE_LIST.format(found=2)),
+    ({"text": ["p", "q"], "lora_path": ["a"] * 4, "sampling_params": {"n": 2}}, batch_length(4, 2)),
+    ({"text": "p", "lora_path": ("a",)}, "lora_path " + TYPE + "tuple"),
+    ({"text": "p", "lora_path": 3}, "lora_path " + TYPE + "int"),
+    ({"text": ["p", "q"], "lora_path": 3}, "lora_path " + TYPE + "int"),
+    ({"text": ["p", "q"], "lora_path": [["a"], None]}, "lora_path[0] " + ENTRY + "list"),
+    ({"text": ["p", "q"], "lora_path": ["a", 1]}, "lora_path[1] " + ENTRY + "int"),
+    ({"text": "p", "lora_id": "some-id"}, LORA_ID_ALONE),
+    ({"text": ["p", "q"], "lora_id": [None, "some-id"]}, LORA_ID_ALONE),
+    ({"text": "p", "lora_path": "a", "lora_id": ["x", "y"]}, "lora_id " + SINGLE_LIST.format(2)),
 ]
 #: SGLang alone refuses this one itself, in its own words (its type check of a batch's list).
 SGLANG_REFUSES = {10}
@@ -61,8 +68,9 @@ ACCEPTED = [
     ({"text": "p", "lora_path": ["a"], "sampling_params": {"n": 2}}, ["a", "a"]),
     ({"text": ["p", "q"], "lora_path": ["a", None]}, ["a", None]),
     ({"text": ["p", "q"], "lora_path": "a"}, ["a", "a"]),
-    ({"input_ids": [[1], [2]], "lora_path": ["a", "b"], "sampling_params": {"n": 2}}, ["a", "b", "a", "b"]),
-    ({"text": ["p", "q"], "lora_path": ["a", "b"], "lora_id": ["x", None]}, ["a", "b"]),  # SGLang replaces lora_id
+    ({"text": ["p", "q"], "lora_path": ["a", "b"], "sampling_params": {"n": 2}}, ["a", "b"] * 2),
+    # SGLang replaces lora_id by the ids it acquires for lora_path
+    ({"text": ["p", "q"], "lora_path": ["a", "b"], "lora_id": ["x", None]}, ["a", "b"]),
 ]
 
 
@@ -74,7 +82,9 @@ def scope(request, sglang_plugins_loaded, monkeypatch):
     from sglang.srt.managers import tokenizer_control_mixin, tokenizer_manager
 
     backend, checks, checked = request.param
-    lora = SimpleNamespace(enable_lora=True, lora_backend=backend, max_loaded_loras=None, lora_paths=None)
+    lora = SimpleNamespace(
+        enable_lora=True, lora_backend=backend, max_loaded_loras=None, lora_paths=None
+    )
     parallel = SimpleNamespace(dp_size=1)
     for module in (runtime_context, tokenizer_control_mixin, tokenizer_manager):
         monkeypatch.setattr(module, "get_lora", lambda: lora)
@@ -122,7 +132,7 @@ def test_embedding_requests_are_checked_too(scope):
     if scope:
         with pytest.raises(ValueError) as refused:
             obj.normalize_batch_and_arguments()
-        assert "lora_path " + SINGLE_LIST.format(found=2) in str(refused.value)
+        assert "lora_path " + SINGLE_LIST.format(2) in str(refused.value)
     else:
         obj.normalize_batch_and_arguments()
     batch = EmbeddingReqInput(text=["p", "q"], lora_path=["a", "b"])
@@ -132,8 +142,8 @@ def test_embedding_requests_are_checked_too(scope):
 
 @pytest.fixture
 def manager(scope):
-    """A ``TokenizerManager`` with only its LoRA state, adapters ``a`` and ``b`` loaded, answering
-    loads and unloads with success."""
+    """A ``TokenizerManager`` with only its LoRA state (as ``init_lora`` makes it), whose scheduler
+    answers every load and unload with success."""
     from sglang.srt.lora.lora_registry import LoRARegistry
     from sglang.srt.managers.io_struct import LoRAUpdateOutput
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -164,16 +174,18 @@ def test_a_request_for_an_adapter_that_is_not_loaded_says_whether_it_was_unloade
 
     async def scenario():
         for name in ("a", "b", "gone"):
-            await manager.load_lora_adapter(LoadLoRAAdapterReqInput(lora_name=name, lora_path=f"/{name}"))
+            load = LoadLoRAAdapterReqInput(lora_name=name, lora_path=f"/{name}")
+            await manager.load_lora_adapter(load)
         await manager.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name="gone"))
-        return await resolve(manager, ["a", "gone", None, "never", "gone"]), await resolve(manager, ["a", "b", None])
+        refused = await resolve(manager, ["a", "gone", None, "never", "gone"])
+        return refused, await resolve(manager, ["a", "b", None])
 
     refused, served = asyncio.run(scenario())
     assert served is None
     if scope:
         assert refused == (
-            "LoRA adapter 'gone' was unloaded (load it again to serve it); LoRA adapter 'never' has never been "
-            "loaded. Loaded adapters: 'a', 'b'."
+            "LoRA adapter 'gone' was unloaded (load it again to serve it); "
+            "LoRA adapter 'never' has never been loaded. Loaded adapters: 'a', 'b'."
         )
     else:  # SGLang alone serves the unloaded adapter again and refuses the other as never loaded
         assert re.match(r"Got LoRA adapter that has never been loaded: never\n", refused), refused
@@ -199,7 +211,8 @@ request_checks.queue_hook = queue_two
 from sglang.srt.plugins import load_plugins
 load_plugins()
 print("REGISTERED", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
-(refuse,) = [h for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if t.endswith("ServerArgs.resolve_once")]
+hooks = HookRegistry._hooks.items()
+(refuse,) = [h for t, queue in hooks for _, h, _ in queue if t.endswith("ServerArgs.resolve_once")]
 try:
     refuse(types.SimpleNamespace(lora_backend="intel_xpu", enable_lora=True))
 except ValueError as exc:

@@ -88,7 +88,8 @@ def generate_as_given(engine, batch: dict, max_new_tokens: int) -> dict:
             outputs = engine.generate(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the refusal is the result
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"output_ids": [out["output_ids"] for out in (outputs if isinstance(outputs, list) else [outputs])]}
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    return {"output_ids": [out["output_ids"] for out in outputs]}
 
 
 if __name__ == "__main__":

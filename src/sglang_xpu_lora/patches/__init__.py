@@ -103,8 +103,8 @@ from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 PATCHES = (
-    validation, mem_pool, adapter_checks, embedding_logits, unload_final, request_checks, backend_registry,
-    cli_choices, log_lines,
+    validation, mem_pool, adapter_checks, embedding_logits, unload_final, request_checks,
+    backend_registry, cli_choices, log_lines,
 )
 
 

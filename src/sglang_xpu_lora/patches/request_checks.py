@@ -21,12 +21,13 @@ How: for servers in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plu
     ``n`` > 1 times), with one entry per prompt (SGLang repeats each for the ``n`` samples);
     ``lora_id`` (the adapter id SGLang sets from ``lora_path``) only with a ``lora_path``. Anything
     else is a ``ValueError`` naming the field, the length found and the length expected (HTTP 400,
-    an error event when streamed; an exception from ``Engine.generate``), before the request is
-    registered, so nothing else is affected. The OpenAI ``model: "<base>:<adapter>"`` form arrives
-    as a string ``lora_path``. When the request's adapters are resolved, a name that is neither
-    loaded nor remembered for the implicit reload of evicted adapters is refused saying whether it
-    is being unloaded, was unloaded (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`)
-    or was never loaded, with the adapters that are loaded.
+    an error event in a ``/generate`` stream; an exception from ``Engine.generate``), before the
+    request is registered, so nothing else is affected. The OpenAI ``model: "<base>:<adapter>"``
+    form arrives as a string ``lora_path``. When the request's adapters are resolved, a name that
+    is neither loaded nor remembered for the implicit reload of evicted adapters is refused saying
+    whether it is being unloaded, was unloaded
+    (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`) or was never loaded, with the
+    adapters that are loaded.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``normalize_batch_and_arguments``
     still sets ``is_single`` and ``batch_size``, and that SGLang still repeats ``lora_path`` for the
     ``n`` samples).
@@ -68,7 +69,7 @@ def check_entries(lora_path: Any, lora_id: Any) -> None:
                     f"{field}[{index}] must be an adapter name (a string) or None, "
                     f"not {type(entry).__name__}"
                 )
-    ids = [lora_id] if isinstance(lora_id, str) else [entry for entry in lora_id or () if entry is not None]
+    ids = [lora_id] if isinstance(lora_id, str) else [i for i in lora_id or () if i is not None]
     if ids and not lora_path:
         raise ValueError(
             "lora_id is the adapter id SGLang sets from lora_path, and this request has no "

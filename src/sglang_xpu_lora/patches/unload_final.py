@@ -28,9 +28,9 @@ How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: pl
     names its users unloaded, :func:`unloaded_names`; the refusal is in
     :mod:`sglang_xpu_lora.patches.request_checks`: an error from ``Engine.generate``, HTTP 400),
     and a later load under the name loads the weights it names. Evicted adapters stay in the
-    cache and are loaded again on request exactly as before. The release of a request that acquired nothing (``lora_id`` None:
-    ``LoRARegistry.acquire`` looks every name up before it counts any, so a refused request holds
-    no count) returns without touching the usage counters.
+    cache and are loaded again on request exactly as before. The release of a request that
+    acquired nothing (``lora_id`` None: ``LoRARegistry.acquire`` looks every name up before it
+    counts any, so a refused request holds no count) returns without touching the usage counters.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
     ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
 Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
