@@ -322,6 +322,11 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"),
         ("AROUND", "sglang.srt.lora.lora_registry.LoRARegistry.release"),
     ]
+    request_hooks = [  # patches.request_checks, queued after unload_final
+        ("AROUND", "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"),
+        ("AROUND", "sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments"),
+        ("AROUND", "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path"),
+    ]
     hooks = [
         ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
         ("AROUND", "sglang.srt.arg_groups.serving_hook.handle_missing_default_values"),
@@ -330,6 +335,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         *adapter_hooks,
         ("AROUND", "sglang.srt.layers.logits_processor.LogitsProcessor.forward"),  # patches.embedding_logits
         *unload_hooks,
+        *request_hooks,
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
     assert events == "EVENTS " + repr(

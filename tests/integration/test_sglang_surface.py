@@ -68,6 +68,11 @@ RECEIVERS = {
         "result": targets.LORA_UPDATE_OUTPUT,
         "ref": targets.LORA_REF,
     },
+    "patches/request_checks.py": {
+        "obj": (targets.GENERATE_REQ_INPUT, targets.EMBEDDING_REQ_INPUT),
+        "manager": targets.TOKENIZER_MANAGER,
+        "manager.lora_registry": targets.LORA_REGISTRY,
+    },
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
     "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
     "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},

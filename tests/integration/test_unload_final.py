@@ -104,8 +104,10 @@ async def request(manager, name):
     return manager.lora_registry.get_all_adapters()[name].lora_path
 
 
-def never_loaded(name):
-    return f"Got LoRA adapter that has never been loaded: {name}"
+def was_unloaded(name):
+    """The start of the refusal of a request naming ``name`` after its unload, where unloads are
+    final (``patches/request_checks.py`` says that it was unloaded)."""
+    return f"LoRA adapter {name!r} was unloaded (load it again to serve it). Loaded adapters: "
 
 
 def test_a_request_after_an_unload_is_refused_and_the_name_loads_new_weights(scope, manager):
@@ -119,7 +121,7 @@ def test_a_request_after_an_unload_is_refused_and_the_name_loads_new_weights(sco
     unloaded, served, loaded, after = asyncio.run(scenario())
     assert unloaded.success
     if scope[1]:
-        assert served.startswith(never_loaded("a")), served
+        assert served.startswith(was_unloaded("a")), served
         assert loaded.success and after == "/new" == manager.update_lora_adapter_communicator.loaded["a"]
     else:  # SGLang alone: the old weights come back, and the new ones are refused
         assert served == "/old" and not loaded.success and after == "/old"
@@ -143,7 +145,8 @@ def test_a_request_while_the_unload_drains_is_refused(scope, manager):
     unloaded, served, after = asyncio.run(scenario())
     assert unloaded.success
     if scope[1]:
-        assert served.startswith(never_loaded("a")) and after.startswith(never_loaded("a")), (served, after)
+        assert served.startswith("LoRA adapter 'a' is being unloaded. Loaded adapters: "), served
+        assert after.startswith(was_unloaded("a")), after
         assert "a" not in manager.update_lora_adapter_communicator.loaded
     else:  # SGLang alone: the request loads the old weights back once the unload is done
         assert served == "/old" and after == "/old"
@@ -167,7 +170,7 @@ def test_a_load_the_unload_waited_for_is_unloaded_with_it(scope, manager):
     loaded, unloaded, after = asyncio.run(scenario())
     assert loaded.success and unloaded.success
     if scope[1]:
-        assert after.startswith(never_loaded("a")), after
+        assert after.startswith(was_unloaded("a")), after
     else:
         assert after == "/new"
 
@@ -188,7 +191,7 @@ def test_evicted_adapters_are_loaded_again_and_an_unloaded_evicted_adapter_is_re
     evicted, reloaded, unloaded, after = asyncio.run(scenario())
     assert evicted == ["a"] and reloaded == "/a"
     if scope[1]:
-        assert unloaded.success and after.startswith(never_loaded("b")), (unloaded, after)
+        assert unloaded.success and after.startswith(was_unloaded("b")), (unloaded, after)
         assert "b" not in manager.update_lora_adapter_communicator.loaded
     else:
         assert not unloaded.success and after == "/b"
@@ -205,7 +208,7 @@ def test_a_refused_request_releases_nothing(scope, manager):
         held = SimpleNamespace(lora_path="a", lora_id=None)
         await manager._resolve_lora_path(held)  # a request on "a", still running
         refused = SimpleNamespace(lora_path="never", lora_id=None)
-        with pytest.raises(ValueError, match=never_loaded("never")):
+        with pytest.raises(ValueError, match="has never been loaded"):
             await manager._resolve_lora_path(refused)
         manager.enable_lora, manager._lora_release_tasks = True, set()
         task = manager._release_lora_once(SimpleNamespace(lora_released=False, obj=refused))

@@ -8,12 +8,16 @@ cannot be swapped out. Usage::
 
 REQUEST: ``{"artifacts": {name: path}, "adapters": [...], "rounds": [{"prompts_ids": [[...]],
 "loras": [...], "may_fail": bool} | {"load": {"lora_name": ..., "lora_path": ...}} | {"unload":
-{"lora_name": ...}}, ...], "max_new_tokens": n, "vocab_size": v, "engine": {Engine kwargs overrides}}``.
+{"lora_name": ...}} | {"generate": {Engine.generate kwargs}, "async": bool}, ...], "max_new_tokens": n,
+"vocab_size": v, "engine": {Engine kwargs overrides}}``.
 Rounds run one after another (so a small ``max_loras_per_batch`` forces evictions between them);
-``load``/``unload`` rounds call ``Engine.load_lora_adapter`` / ``unload_lora_adapter``.
+``load``/``unload`` rounds call ``Engine.load_lora_adapter`` / ``unload_lora_adapter``; a
+``generate`` round calls ``Engine.generate`` (``async_generate`` with ``"async": true``) with its
+keyword arguments as given (greedy sampling unless they say otherwise) and may fail.
 RESULT: one entry per round: for a batch, a list of ``{"output_ids": [...], "text": str,
 "first_logprobs": [v floats]}``, or ``{"error": str}`` when ``Engine.generate`` raised in a batch
-marked ``may_fail`` (elsewhere the run fails); for load/unload, ``{"success": bool, "error": str,
+marked ``may_fail`` or in a ``generate`` round (elsewhere the run fails); for a ``generate`` round that
+succeeded, ``{"output_ids": [[...] per prompt]}``; for load/unload, ``{"success": bool, "error": str,
 "loaded": [the names SGLang reports loaded after it, sorted]}``.
 """
 
@@ -41,6 +45,9 @@ def main(request_path: str, result_path: str) -> None:
                 loaded = sorted(response.loaded_adapters or {})
                 results.append({"success": bool(response.success), "error": response.error_message or "", "loaded": loaded})
                 continue
+            if "generate" in batch:
+                results.append(generate_as_given(engine, batch, request["max_new_tokens"]))
+                continue
             try:
                 outputs = engine.generate(
                     input_ids=batch["prompts_ids"],
@@ -67,6 +74,22 @@ def main(request_path: str, result_path: str) -> None:
     finally:
         leftovers.shutdown_engine(engine)
     Path(result_path).write_text(json.dumps(results))
+
+
+def generate_as_given(engine, batch: dict, max_new_tokens: int) -> dict:
+    """One ``generate`` round: ``{"output_ids": [[...] per prompt]}``, or ``{"error": message}``
+    when the engine raised."""
+    greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    kwargs = {"sampling_params": greedy, **batch["generate"]}
+    try:
+        if batch.get("async"):
+            outputs = engine.loop.run_until_complete(engine.async_generate(**kwargs))
+        else:
+            outputs = engine.generate(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - the refusal is the result
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    return {"output_ids": [out["output_ids"] for out in outputs]}
 
 
 if __name__ == "__main__":

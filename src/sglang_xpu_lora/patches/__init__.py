@@ -34,14 +34,25 @@ unload_final           ``TokenizerControlMixin.unload_lora_adapter`` (AROUND), i
                        TokenizerManager's process: an unloaded adapter is no longer loaded again
                        by a request that names it (SGLang keeps every name in ``lora_ref_cache``
                        for the implicit reload of adapters evicted under ``--max-loaded-loras``,
-                       sglang PR #11526; cf. TGI #2505), so it gets the never-loaded error (HTTP
-                       400) and a later load under its name loads the new weights; evicted
-                       adapters are reloaded as before. ``LoRARegistry.release`` (AROUND): a
-                       request refused for naming an adapter that is not loaded releases nothing
-                       (SGLang logs a ``TypeError`` traceback for each). For plugin backends (all
-                       with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang drops a
-                       user-unloaded name from ``lora_ref_cache`` and releases only what a request
-                       acquired.
+                       sglang PR #11526; cf. TGI #2505), so it is refused as unloaded (HTTP 400,
+                       ``request_checks``) and a later load under its name loads the new weights;
+                       evicted adapters are reloaded as before. ``LoRARegistry.release``
+                       (AROUND): a request refused for naming an adapter that is not loaded
+                       releases nothing (SGLang logs a ``TypeError`` traceback for each). For
+                       plugin backends (all with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove
+                       when SGLang drops a user-unloaded name from ``lora_ref_cache`` and releases
+                       only what a request acquired.
+request_checks         ``GenerateReqInput`` / ``EmbeddingReqInput.normalize_batch_and_arguments``
+                       and ``TokenizerManager._resolve_lora_path`` (AROUND), in the
+                       TokenizerManager's process: a request's ``lora_path`` and ``lora_id`` are
+                       None, a string or, for a batch, a list with one string or None per prompt,
+                       and ``lora_id`` comes only with a ``lora_path``, or the request is refused
+                       naming the field and the lengths (HTTP 400) where SGLang's scheduler
+                       would die (a list for one prompt, a ``lora_id`` alone), answer HTTP 500 or
+                       drop entries; an adapter that is not loaded is refused as unloaded or as
+                       never loaded. For plugin backends (all with
+                       ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang checks a
+                       request's LoRA fields against its batch.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
@@ -85,14 +96,15 @@ import logging
 from typing import Callable, Iterable
 
 from sglang_xpu_lora.patches import (
-    adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal, unload_final,
-    validation,
+    adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal,
+    request_checks, unload_final, validation,
 )
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 PATCHES = (
-    validation, mem_pool, adapter_checks, embedding_logits, unload_final, backend_registry, cli_choices, log_lines,
+    validation, mem_pool, adapter_checks, embedding_logits, unload_final, request_checks,
+    backend_registry, cli_choices, log_lines,
 )
 
 

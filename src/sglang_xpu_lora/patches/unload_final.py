@@ -24,12 +24,13 @@ How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: pl
       its own reference there, and the unload removed its weights;
     * of an adapter evicted under ``--max-loaded-loras`` (cached, no longer registered) revokes it
       and succeeds, where SGLang answers "does not exist" and would keep loading it for requests.
-    A request naming an unloaded adapter then meets SGLang's own check for a name that was never
-    loaded (``ValueError``: an error from ``Engine.generate``, HTTP 400), and a later load under the
-    name loads the weights it names. Evicted adapters stay in the cache and are loaded again on
-    request exactly as before. The release of a request that acquired nothing (``lora_id`` None:
-    ``LoRARegistry.acquire`` looks every name up before it counts any, so a refused request holds
-    no count) returns without touching the usage counters.
+    A request naming an unloaded adapter is then refused as unloaded (the manager remembers the
+    names its users unloaded, :func:`unloaded_names`; the refusal is in
+    :mod:`sglang_xpu_lora.patches.request_checks`: an error from ``Engine.generate``, HTTP 400),
+    and a later load under the name loads the weights it names. Evicted adapters stay in the
+    cache and are loaded again on request exactly as before. The release of a request that
+    acquired nothing (``lora_id`` None: ``LoRARegistry.acquire`` looks every name up before it
+    counts any, so a refused request holds no count) returns without touching the usage counters.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
     ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
 Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
@@ -54,6 +55,20 @@ def in_scope() -> bool:
     return bool(lora.enable_lora) and checked_backends.applies_to(lora.lora_backend)
 
 
+#: Attribute set on SGLang's ``TokenizerManager`` in scope: the names its users unloaded (a set).
+UNLOADED_ATTR = "xpu_lora_unloaded"
+
+
+def unloaded_names(manager: Any) -> frozenset[str]:
+    """The adapter names unloaded through ``manager`` (in scope) since it started; a name loaded
+    again stays in it (a request for it is served while it is loaded)."""
+    return frozenset(getattr(manager, UNLOADED_ATTR, ()))
+
+
+def _record_unload(manager: Any, lora_name: str) -> None:
+    setattr(manager, UNLOADED_ATTR, unloaded_names(manager) | {lora_name})
+
+
 def is_evicted(manager: Any, lora_name: str) -> bool:
     """Whether ``lora_name`` is an adapter evicted under ``--max-loaded-loras``: remembered in the
     manager's ``lora_ref_cache`` but neither registered nor waiting for an unload to complete."""
@@ -75,9 +90,11 @@ async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kw
     result = await original(manager, obj, *args, **kwargs)
     if result.success:
         manager.lora_ref_cache.pop(name, None)  # a load that ran during the unload was undone by it
+        _record_unload(manager, name)
         return result
     registered = manager.lora_registry.get_all_adapters()
     if evicted and name not in registered and name not in manager.pending_lora_unloads:
+        _record_unload(manager, name)
         loaded = {lora_name: ref.lora_path for lora_name, ref in registered.items()}
         return resolve(targets.LORA_UPDATE_OUTPUT)(success=True, error_message="", loaded_adapters=loaded)
     return result

@@ -61,6 +61,12 @@ TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
 LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
 LORA_REGISTRY_RELEASE = LORA_REGISTRY + ".release"
 UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
+# A request's LoRA fields checked where it enters (patches/request_checks.py), same process.
+GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
+GENERATE_REQ_NORMALIZE = GENERATE_REQ_INPUT + ".normalize_batch_and_arguments"
+GENERATE_REQ_NORMALIZE_LORA_PATHS = GENERATE_REQ_INPUT + "._normalize_lora_paths"
+EMBEDDING_REQ_INPUT = "sglang.srt.managers.io_struct.EmbeddingReqInput"
+EMBEDDING_REQ_NORMALIZE = EMBEDDING_REQ_INPUT + ".normalize_batch_and_arguments"
 VOCAB_PARALLEL_EMBEDDING = "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding"
 PARALLEL_LM_HEAD = "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead"
 
@@ -145,6 +151,11 @@ ALL = (
     LORA_REGISTRY,
     LORA_REGISTRY_RELEASE,
     UNLOAD_LORA_ADAPTER_REQ_INPUT,
+    GENERATE_REQ_INPUT,
+    GENERATE_REQ_NORMALIZE,
+    GENERATE_REQ_NORMALIZE_LORA_PATHS,
+    EMBEDDING_REQ_INPUT,
+    EMBEDDING_REQ_NORMALIZE,
     VOCAB_PARALLEL_EMBEDDING,
     PARALLEL_LM_HEAD,
     LOGITS_PROCESSOR_FORWARD,
@@ -246,6 +257,9 @@ REQUIRED_ATTRIBUTES = {
     TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
     LORA_REGISTRY: ("get_all_adapters",),
     UNLOAD_LORA_ADAPTER_REQ_INPUT: ("lora_name",),
+    # patches/request_checks.py: the fields it checks and the batch SGLang's normalisation found.
+    GENERATE_REQ_INPUT: ("lora_path", "lora_id", "is_single", "batch_size", "parallel_sample_num"),
+    EMBEDDING_REQ_INPUT: ("lora_path", "lora_id", "is_single", "batch_size"),
     LORA_BATCH_INFO: (
         "use_cuda_graph", "bs", "num_segments", "seg_indptr", "seg_lens", "weight_indices", "lora_ranks", "scalings",
         "max_len", "permutation",
@@ -343,6 +357,11 @@ REQUIRED_SOURCE = (
         TOKENIZER_LOAD_LORA_ADAPTER,
         "self.lora_ref_cache[obj.lora_name] = new_adapter",
         "a load records the adapter in lora_ref_cache, where an unload removes it",
+    ),
+    (
+        GENERATE_REQ_NORMALIZE_LORA_PATHS,
+        "self.lora_path = self.lora_path * self.parallel_sample_num",
+        "a batch's lora_path has one entry per prompt, repeated for the n samples (request checks)",
     ),
     (
         LORA_MANAGER_LOAD_ADAPTER,

@@ -1,0 +1,164 @@
+"""Targets: sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments and
+    ``EmbeddingReqInput.normalize_batch_and_arguments`` (AROUND), and
+    sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path (AROUND). They run
+    where the ``TokenizerManager`` runs (the ``sglang serve`` launcher process, or the process that
+    made the ``sglang.Engine``): every request of ``/generate``, ``/v1/completions``,
+    ``/v1/chat/completions`` (streamed or not) and ``Engine.generate`` / ``async_generate`` is
+    normalised there first, and its adapters resolved right after.
+Why: SGLang 0.5.23 checks neither the shape nor the entries of a request's ``lora_path`` and
+    ``lora_id`` for a single prompt, nor their length for a batch. One prompt with a
+    ``lora_path`` list reaches the scheduler with a list of adapter ids and kills it (the server
+    or the engine process dies: ``TypeError: can only concatenate str (not "list") to str`` in
+    ``Req.__init__``); so does a ``lora_id`` without ``lora_path``, which the scheduler looks up
+    as an adapter id; a batch with fewer ``lora_path`` entries than prompts is an HTTP 500
+    (``IndexError`` when the batch is split); more entries than prompts are ignored silently.
+    A request naming an adapter that was unloaded is refused as "never been loaded".
+How: for servers in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plugin backends, all
+    backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``), a request's LoRA fields are checked
+    around SGLang's own normalisation (:func:`check_entries` before it, :func:`check_lengths`
+    with the batch size it found): ``lora_path`` and ``lora_id`` are each None, a string, or a
+    list of strings and Nones; a list only for a batch (several prompts, or one prompt sampled
+    ``n`` > 1 times), with one entry per prompt (SGLang repeats each for the ``n`` samples);
+    ``lora_id`` (the adapter id SGLang sets from ``lora_path``) only with a ``lora_path``. Anything
+    else is a ``ValueError`` naming the field, the length found and the length expected (HTTP 400,
+    an error event in a ``/generate`` stream; an exception from ``Engine.generate``), before the
+    request is registered, so nothing else is affected. The OpenAI ``model: "<base>:<adapter>"``
+    form arrives as a string ``lora_path``. When the request's adapters are resolved, a name that
+    is neither loaded nor remembered for the implicit reload of evicted adapters is refused saying
+    whether it is being unloaded, was unloaded
+    (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`) or was never loaded, with the
+    adapters that are loaded.
+Checked against: SGLang 0.5.23 (the compat guard checks that ``normalize_batch_and_arguments``
+    still sets ``is_single`` and ``batch_size``, and that SGLang still repeats ``lora_path`` for the
+    ``n`` samples).
+Remove when: SGLang checks a request's LoRA fields against its batch (``_normalize_lora_paths`` of
+    ``GenerateReqInput``) and ``lora_id`` is no longer a request field; no upstream issue yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_xpu_lora.patches import unload_final
+from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
+from sglang_xpu_lora.registry import LoRABackendRegistry
+from sglang_xpu_lora.upstream import targets
+
+#: The request fields that name adapters, as SGLang's request classes spell them.
+LORA_FIELDS = ("lora_path", "lora_id")
+
+
+def check_entries(lora_path: Any, lora_id: Any) -> None:
+    """Check a request's LoRA fields as given, before SGLang normalises them: each is None, a string
+    or a list of strings and Nones, and ``lora_id`` names adapters only with a ``lora_path``.
+
+    Raises:
+        ValueError: naming the field (and the list entry) and what it holds.
+    """
+    for field, value in zip(LORA_FIELDS, (lora_path, lora_id)):
+        if value is None or isinstance(value, str):
+            continue
+        if not isinstance(value, list):
+            raise ValueError(
+                f"{field} must be an adapter name (a string), None, or a list of those, "
+                f"not {type(value).__name__}"
+            )
+        for index, entry in enumerate(value):
+            if entry is not None and not isinstance(entry, str):
+                raise ValueError(
+                    f"{field}[{index}] must be an adapter name (a string) or None, "
+                    f"not {type(entry).__name__}"
+                )
+    ids = [lora_id] if isinstance(lora_id, str) else [i for i in lora_id or () if i is not None]
+    if ids and not lora_path:
+        raise ValueError(
+            "lora_id is the adapter id SGLang sets from lora_path, and this request has no "
+            "lora_path; name the adapters in lora_path"
+        )
+
+
+def check_lengths(field: str, value: Any, single: bool, prompts: int, samples: int) -> None:
+    """Check one LoRA field as given against the batch SGLang found when it normalised the request.
+
+    :param value: the field as the request gave it (checked by :func:`check_entries`).
+    :param single: whether SGLang serves the request as one prompt (``is_single``).
+    :param prompts: the number of prompts (SGLang's ``batch_size``, before the ``n`` samples).
+    :param samples: the ``n`` parallel samples per prompt (SGLang repeats a list for each).
+    Raises:
+        ValueError: a list for a single prompt, or a list whose length is not ``prompts``, naming
+            the field, the length found and the length expected.
+    """
+    if not isinstance(value, list):
+        return
+    if single:
+        raise ValueError(
+            f"{field} is a list of {len(value)} for a single prompt; expected an adapter name "
+            "(a string) or None (a list is for a batch of prompts, one entry per prompt)"
+        )
+    if len(value) != prompts:
+        repeated = f"; SGLang repeats each entry for the n={samples} samples" if samples > 1 else ""
+        plural = "s" if prompts != 1 else ""
+        raise ValueError(
+            f"{field} has {len(value)} entries for a batch of {prompts} prompt{plural}; expected "
+            f"{prompts}, one per prompt (or one string for all){repeated}"
+        )
+
+
+def normalize_checked(original: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+    """SGLang's ``obj.normalize_batch_and_arguments()``, with the request's LoRA fields checked
+    (:func:`check_entries` before it, :func:`check_lengths` against the batch it found).
+
+    Raises:
+        ValueError: see :func:`check_entries` and :func:`check_lengths`; or SGLang's own.
+    """
+    given = [getattr(obj, field) for field in LORA_FIELDS]
+    check_entries(*given)
+    result = original(obj, *args, **kwargs)
+    samples = getattr(obj, "parallel_sample_num", 1)  # EmbeddingReqInput samples once
+    for field, value in zip(LORA_FIELDS, given):
+        check_lengths(field, value, obj.is_single, obj.batch_size, samples)
+    return result
+
+
+def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
+    """Refuse a request (its ``lora_path``, normalised) that names an adapter ``manager`` neither
+    has registered nor remembers for an implicit reload (an adapter evicted under
+    ``--max-loaded-loras``); SGLang would refuse it as never loaded.
+
+    Raises:
+        ValueError: per such adapter, whether it is being unloaded, was unloaded or was never
+            loaded, then the adapters that are loaded.
+    """
+    names = [lora_path] if isinstance(lora_path, str) else lora_path or ()
+    registered = manager.lora_registry.get_all_adapters()
+    known = set(registered) | set(manager.lora_ref_cache)
+    unknown = sorted({name for name in names if name is not None and name not in known})
+    if not unknown:
+        return
+    unloaded = unload_final.unloaded_names(manager)
+    reasons = [
+        f"LoRA adapter {name!r} is being unloaded" if name in manager.pending_lora_unloads
+        else f"LoRA adapter {name!r} was unloaded (load it again to serve it)" if name in unloaded
+        else f"LoRA adapter {name!r} has never been loaded"
+        for name in unknown
+    ]
+    loaded = ", ".join(repr(name) for name in sorted(known)) or "none"
+    raise ValueError(f"{'; '.join(reasons)}. Loaded adapters: {loaded}.")
+
+
+def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
+
+    def around_normalize(original, obj, *args, **kwargs):
+        if not unload_final.in_scope():
+            return original(obj, *args, **kwargs)
+        return normalize_checked(original, obj, *args, **kwargs)
+
+    async def around_resolve_lora_path(original, manager, obj, *args, **kwargs):
+        if unload_final.in_scope():
+            refuse_unknown_adapters(manager, obj.lora_path)
+        return await original(manager, obj, *args, **kwargs)
+
+    queue_hook(targets.GENERATE_REQ_NORMALIZE, around_normalize, "AROUND", undo)
+    queue_hook(targets.EMBEDDING_REQ_NORMALIZE, around_normalize, "AROUND", undo)
+    queue_hook(targets.TOKENIZER_RESOLVE_LORA_PATH, around_resolve_lora_path, "AROUND", undo)
+

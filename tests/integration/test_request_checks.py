@@ -1,0 +1,242 @@
+"""A request's LoRA fields checked where it enters (``patches/request_checks.py``), on SGLang's real
+request classes and ``TokenizerManager`` code with the plugin's hooks.
+
+Each malformed request is run where the hooks apply (``intel_xpu``; ``csgmv`` with
+``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``) and where they do not (``csgmv`` by default): the first
+refuses it naming the field and the lengths; the second shows what SGLang alone lets through (which
+``tests/e2e/test_request_checks.py`` shows killing the server, answering HTTP 500 or dropping
+entries). The unloaded/never-loaded refusals run on a ``TokenizerManager`` with only its LoRA state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_xpu_lora.adapters import checked_backends
+
+#: backend, SGLANG_XPU_LORA_ADAPTER_CHECKS, whether requests are checked there.
+SCOPES = [("intel_xpu", None, True), ("csgmv", None, False), ("csgmv", "all", True)]
+
+SINGLE_LIST = "is a list of {} for a single prompt; expected an adapter name (a string) or None"
+TYPE = "must be an adapter name (a string), None, or a list of those, not "
+ENTRY = "must be an adapter name (a string) or None, not "
+LORA_ID_ALONE = "lora_id is the adapter id SGLang sets from lora_path, and this request has no "
+
+
+def batch_length(found: int, prompts: int) -> str:
+    plural = "s" if prompts != 1 else ""
+    entries = f"lora_path has {found} entries"
+    return f"{entries} for a batch of {prompts} prompt{plural}; expected {prompts}"
+
+
+#: (request fields, the refusal where checked). SGLang alone normalises each of them without a
+#: word, but for the one in SGLANG_REFUSES.
+REFUSED = [
+    ({"text": "p", "lora_path": ["a", "b"]}, "lora_path " + SINGLE_LIST.format(2)),
+    ({"text": "p", "lora_path": ["a"]}, "lora_path " + SINGLE_LIST.format(1)),
+    ({"input_ids": [1, 2], "lora_path": []}, "lora_path " + SINGLE_LIST.format(0)),
+    ({"text": ["p", "q", "r"], "lora_path": ["a", "b"]}, batch_length(2, 3)),
+    ({"text": ["p", "q"], "lora_path": ["a", "b", None]}, batch_length(3, 2)),
+    ({"input_ids": [[1], [2]], "lora_path": []}, batch_length(0, 2)),
+    (  # n=2 makes one prompt a batch of one; SGLang repeats the list for the samples
+        {"text": "p", "lora_path": ["a", "b"], "sampling_params": {"n": 2}},
+        batch_length(2, 1) + ", one per prompt (or one string for all); SGLang repeats each entry "
+        "for the n=2 samples",
+    ),
+    ({"text": ["p", "q"], "lora_path": ["a"] * 4, "sampling_params": {"n": 2}}, batch_length(4, 2)),
+    ({"text": "p", "lora_path": ("a",)}, "lora_path " + TYPE + "tuple"),
+    ({"text": "p", "lora_path": 3}, "lora_path " + TYPE + "int"),
+    ({"text": ["p", "q"], "lora_path": 3}, "lora_path " + TYPE + "int"),
+    ({"text": ["p", "q"], "lora_path": [["a"], None]}, "lora_path[0] " + ENTRY + "list"),
+    ({"text": ["p", "q"], "lora_path": ["a", 1]}, "lora_path[1] " + ENTRY + "int"),
+    ({"text": "p", "lora_id": "some-id"}, LORA_ID_ALONE),
+    ({"text": ["p", "q"], "lora_id": [None, "some-id"]}, LORA_ID_ALONE),
+    ({"text": "p", "lora_path": "a", "lora_id": ["x", "y"]}, "lora_id " + SINGLE_LIST.format(2)),
+]
+#: SGLang alone refuses this one itself, in its own words (its type check of a batch's list).
+SGLANG_REFUSES = {10}
+
+#: (request fields, lora_path after SGLang's normalisation): served as before where checked.
+ACCEPTED = [
+    ({"text": "p", "lora_path": "a"}, "a"),
+    ({"text": "p", "lora_path": None}, None),
+    ({"text": "p", "lora_path": "a", "sampling_params": {"n": 2}}, ["a", "a"]),
+    ({"text": "p", "lora_path": ["a"], "sampling_params": {"n": 2}}, ["a", "a"]),
+    ({"text": ["p", "q"], "lora_path": ["a", None]}, ["a", None]),
+    ({"text": ["p", "q"], "lora_path": "a"}, ["a", "a"]),
+    ({"text": ["p", "q"], "lora_path": ["a", "b"], "sampling_params": {"n": 2}}, ["a", "b"] * 2),
+    # SGLang replaces lora_id by the ids it acquires for lora_path
+    ({"text": ["p", "q"], "lora_path": ["a", "b"], "lora_id": ["x", None]}, ["a", "b"]),
+]
+
+
+@pytest.fixture(params=SCOPES, ids=["intel_xpu", "csgmv", "csgmv-all"])
+def scope(request, sglang_plugins_loaded, monkeypatch):
+    """Whether requests are checked: the LoRA settings SGLang's code reads (``get_lora``,
+    ``get_parallel``) for the backend, and the scope setting."""
+    from sglang.srt import runtime_context
+    from sglang.srt.managers import tokenizer_control_mixin, tokenizer_manager
+
+    backend, checks, checked = request.param
+    lora = SimpleNamespace(
+        enable_lora=True, lora_backend=backend, max_loaded_loras=None, lora_paths=None
+    )
+    parallel = SimpleNamespace(dp_size=1)
+    for module in (runtime_context, tokenizer_control_mixin, tokenizer_manager):
+        monkeypatch.setattr(module, "get_lora", lambda: lora)
+        monkeypatch.setattr(module, "get_parallel", lambda: parallel, raising=False)
+    if checks:
+        monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, checks)
+    else:
+        monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    return checked
+
+
+@pytest.mark.parametrize("index", range(len(REFUSED)))
+def test_malformed_lora_fields_are_refused_naming_the_field_and_lengths(scope, index):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    fields, refusal = REFUSED[index]
+    obj = GenerateReqInput(**fields)
+    if scope:
+        with pytest.raises(ValueError) as refused:
+            obj.normalize_batch_and_arguments()
+        assert refusal in str(refused.value)
+    elif index in SGLANG_REFUSES:
+        with pytest.raises(ValueError, match="lora_path should be a list or a string"):
+            obj.normalize_batch_and_arguments()
+    else:  # SGLang alone lets it through to the scheduler
+        obj.normalize_batch_and_arguments()
+
+
+@pytest.mark.parametrize("index", range(len(ACCEPTED)))
+def test_well_formed_requests_are_normalised_as_sglang_does(scope, index):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    fields, lora_path = ACCEPTED[index]
+    obj = GenerateReqInput(**fields)
+    obj.normalize_batch_and_arguments()
+    assert obj.lora_path == lora_path
+
+
+def test_embedding_requests_are_checked_too(scope):
+    """``/encode`` and ``Engine.encode``: one prompt with a list is refused where checked (SGLang
+    alone checks the length of a batch's list itself, and nothing for one prompt)."""
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+    obj = EmbeddingReqInput(text="p", lora_path=["a", "b"])
+    if scope:
+        with pytest.raises(ValueError) as refused:
+            obj.normalize_batch_and_arguments()
+        assert "lora_path " + SINGLE_LIST.format(2) in str(refused.value)
+    else:
+        obj.normalize_batch_and_arguments()
+    batch = EmbeddingReqInput(text=["p", "q"], lora_path=["a", "b"])
+    batch.normalize_batch_and_arguments()
+    assert batch.lora_path == ["a", "b"]
+
+
+@pytest.fixture
+def manager(scope):
+    """A ``TokenizerManager`` with only its LoRA state (as ``init_lora`` makes it), whose scheduler
+    answers every load and unload with success."""
+    from sglang.srt.lora.lora_registry import LoRARegistry
+    from sglang.srt.managers.io_struct import LoRAUpdateOutput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    async def scheduler(obj):
+        return [LoRAUpdateOutput(success=True, error_message="", loaded_adapters={})]
+
+    manager = object.__new__(TokenizerManager)
+    manager.lora_registry = LoRARegistry()
+    manager.lora_update_lock = asyncio.Lock()
+    manager.lora_ref_cache, manager.pending_lora_unloads = {}, {}
+    manager.update_lora_adapter_communicator = scheduler
+    manager.auto_create_handle_loop = lambda: None
+    return manager
+
+
+async def resolve(manager, lora_path):
+    """The error message of a request naming ``lora_path`` (SGLang's normalised form), or None."""
+    try:
+        await manager._resolve_lora_path(SimpleNamespace(lora_path=lora_path, lora_id=None))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_request_for_an_adapter_that_is_not_loaded_says_whether_it_was_unloaded(scope, manager):
+    from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput
+
+    async def scenario():
+        for name in ("a", "b", "gone"):
+            load = LoadLoRAAdapterReqInput(lora_name=name, lora_path=f"/{name}")
+            await manager.load_lora_adapter(load)
+        await manager.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name="gone"))
+        refused = await resolve(manager, ["a", "gone", None, "never", "gone"])
+        return refused, await resolve(manager, ["a", "b", None])
+
+    refused, served = asyncio.run(scenario())
+    assert served is None
+    if scope:
+        assert refused == (
+            "LoRA adapter 'gone' was unloaded (load it again to serve it); "
+            "LoRA adapter 'never' has never been loaded. Loaded adapters: 'a', 'b'."
+        )
+    else:  # SGLang alone serves the unloaded adapter again and refuses the other as never loaded
+        assert re.match(r"Got LoRA adapter that has never been loaded: never\n", refused), refused
+
+
+HALF_APPLIED = """
+import types
+from sglang.srt.lora.backend import lora_registry
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang_xpu_lora.patches.request_checks as request_checks
+
+queued = []
+queue_hook = request_checks.queue_hook
+
+def queue_two(target, *args):  # the third hook of the patch cannot be queued
+    if len(queued) == 2:
+        raise RuntimeError("no hook for " + target)
+    queued.append(target)
+    queue_hook(target, *args)
+
+request_checks.queue_hook = queue_two
+from sglang.srt.plugins import load_plugins
+load_plugins()
+print("REGISTERED", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
+hooks = HookRegistry._hooks.items()
+(refuse,) = [h for t, queue in hooks for _, h, _ in queue if t.endswith("ServerArgs.resolve_once")]
+try:
+    refuse(types.SimpleNamespace(lora_backend="intel_xpu", enable_lora=True))
+except ValueError as exc:
+    print("REFUSED", exc)
+single = GenerateReqInput(text="p", lora_path=["a", "b"])
+single.normalize_batch_and_arguments()  # passed through: SGLang's own normalisation
+print("PASSED", single.lora_path)
+"""
+
+
+def test_a_patch_that_fails_half_way_is_rolled_back_whole(run_python):
+    """The request checks apply whole or not at all, like every patch: when their last hook cannot
+    be queued, the two queued before it and every earlier patch's steps are undone (the hooks pass
+    straight through), no backend is registered, and ``--lora-backend intel_xpu`` fails naming the
+    patch, the cause and what was undone."""
+    result = run_python(HALF_APPLIED)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "REGISTERED False" in result.stdout
+    io = "sglang.srt.managers.io_struct."
+    assert (
+        "could not patch SGLang: patch request_checks failed (RuntimeError: no hook for "
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path); rolled back: "
+        f"undid the AROUND hook on {io}EmbeddingReqInput.normalize_batch_and_arguments; "
+        f"undid the AROUND hook on {io}GenerateReqInput.normalize_batch_and_arguments; "
+        "undid the AROUND hook on sglang.srt.lora.lora_registry.LoRARegistry.release; "
+    ) in result.stdout
+    assert "PASSED ['a', 'b']" in result.stdout
