@@ -55,7 +55,10 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
         "'sglang.srt.lora.lora_registry.LoRARegistry.release', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
+        "'sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments', "
+        "'sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments', "
         "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
+        "'sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path', "
         "'sglang.srt.utils.common.configure_logger']" in result.stdout
     )
     assert "CLASS sglang_xpu_lora.backend.xpu IntelXpuLoRABackend ['TritonLoRABackend', 'BaseLoRABackend']" in result.stdout
