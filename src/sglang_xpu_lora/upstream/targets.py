@@ -49,6 +49,8 @@ LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_we
 GET_LORA = "sglang.srt.runtime_context.get_lora"
 GET_NORMALIZED_TARGET_MODULES = "sglang.srt.lora.utils.get_normalized_target_modules"
 AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target_modules"
+# The normalized target modules SGLang's LoRA can serve (its pool, dims and layer wrapping know them).
+KNOWN_LORA_TARGET_MODULES = "sglang.srt.lora.utils._KNOWN_LORA_TARGET_MODULES"
 # The training files SGLang's loader skips among *.bin / *.pt (adapters/adapter_files.py).
 FILTER_FILES_NOT_NEEDED_FOR_INFERENCE = "sglang.srt.model_loader.weight_utils.filter_files_not_needed_for_inference"
 
@@ -136,6 +138,7 @@ ALL = (
     GET_LORA,
     GET_NORMALIZED_TARGET_MODULES,
     AUTO_DETECT_LORA_TARGET_MODULES,
+    KNOWN_LORA_TARGET_MODULES,
     FILTER_FILES_NOT_NEEDED_FOR_INFERENCE,
     TOKENIZER_MANAGER,
     TOKENIZER_RESOLVE_LORA_PATH,
