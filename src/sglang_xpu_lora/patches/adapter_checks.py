@@ -71,7 +71,6 @@ from sglang_xpu_lora.adapters.tensor_checks import (
     sglang_module_dims,
 )
 from sglang_xpu_lora.patches.errors import BackendArgumentError
-from sglang_xpu_lora.providers.triton_ops import triton_support
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
@@ -140,6 +139,8 @@ def check_lora_paths(server_args: Any) -> None:
         if not flag and plan.target_regex is None and plan.target_modules is not None:
             sources.append((f"adapter {ref.lora_name!r}", plan.target_modules, frozenset(_normalize_given(plan.target_modules))))
     if not problems and base is not None:
+        from sglang_xpu_lora.providers.triton_ops import triton_support  # the ops' modules load lazily
+
         refusal = expert_lora_refusal(sources, base.module_names, cfg.device, triton_support(cfg.device))
         if refusal:
             problems.append(refusal)
