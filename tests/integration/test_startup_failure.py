@@ -77,6 +77,18 @@ def test_other_launches_keep_sglangs_handler(launch, fields):
     assert signal.getsignal(signal.SIGQUIT) is launch.sglang_handler and STARTUP_REPORT_ENV not in os.environ
 
 
+def test_a_launch_from_another_thread_keeps_sglangs_handler(launch):
+    """SGLang installs no SIGQUIT handler from a thread other than the main one; neither does the
+    plugin (only the main thread may)."""
+    import threading
+
+    taken = []
+    thread = threading.Thread(target=lambda: taken.append(startup_failure.take_over_sigquit(server_args())))
+    thread.start()
+    thread.join()
+    assert taken == [None] and signal.getsignal(signal.SIGQUIT) is launch.sglang_handler
+
+
 def test_sglangs_own_backends_with_the_checks_on(launch, monkeypatch):
     monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "all")
     assert startup_failure.take_over_sigquit(server_args(lora_backend="triton")) is not None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -82,12 +83,14 @@ def take_over_sigquit(server_args: Any) -> Optional[LaunchPhaseHandler]:
     SGLang's launch-phase SIGQUIT handler, for launches in scope, from the main thread, when the
     user set no ``--custom-sigquit-handler``; returns it (None when SGLang's stays)."""
     os.environ.pop(STARTUP_REPORT_ENV, None)
+    if threading.current_thread() is not threading.main_thread():
+        return None  # SGLang installs no handler there (and only the main thread may)
     current = signal.getsignal(signal.SIGQUIT)
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     if not in_scope(server_args) or cfg.custom_sigquit_handler:
         return None
     if not callable(current) or isinstance(current, LaunchPhaseHandler):
-        return None  # not SGLang's launch-phase handler (a non-main thread installs none)
+        return None  # not SGLang's launch-phase handler
     descriptor, name = tempfile.mkstemp(prefix="sglang-xpu-lora-startup-", suffix=".txt")
     os.close(descriptor)
     report = Path(name)
