@@ -15,6 +15,10 @@
 
 The exit status is 0 when every check passes. The completions are gibberish on purpose (the model
 is tiny and random): what matters is that they equal the reference token for token.
+The terminal shows the demo's steps and results only; what SGLang, transformers and PEFT print
+themselves (warnings, progress bars, logs of every process) goes to a log file (--log, default
+<artifacts>/run_example.log), shown in full when the demo fails. The server's log is
+<artifacts>/sglang_serve.log.
 Run it with: bash scripts/run_example.sh (which sets up the environment first); add --tp-size 2
 to shard the model over two tensor-parallel ranks (one CPU core each).
 """
@@ -26,7 +30,9 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import TextIO
 
 PROMPT = "def main(self):"
 LOGPROB_TOLERANCE = 1e-4  # float32 engine vs float32 transformers, same weights
@@ -38,16 +44,43 @@ CHAT_TEMPLATE = (
 MESSAGES = [{"role": "user", "content": "Write a docstring for main."}]
 
 
+class Terminal:
+    """The demo's own lines on the terminal; everything else this process and the processes it
+    starts write to stdout and stderr (SGLang's warnings and progress bars, library logs) goes to
+    ``log_path``: file descriptors 1 and 2 point at the log, the terminal keeps a duplicate."""
+
+    def __init__(self, log_path: Path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.log_path = log_path
+        self.out: TextIO = os.fdopen(os.dup(1), "w", buffering=1)
+        with open(log_path, "w") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+
+    def print(self, text: str) -> None:
+        self.out.write(text + "\n")
+
+    def show_log(self) -> None:
+        """The log in full, on the terminal (after a failure)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.print(f"--- {self.log_path} (SGLang's and the libraries' own output), in full ---")
+        self.out.write(self.log_path.read_text(errors="replace"))
+        self.print(f"--- end of {self.log_path} ---")
+
+
 class Progress:
-    def __init__(self, total: int):
-        self.total, self.step, self.start = total, 0, time.monotonic()
+    def __init__(self, terminal: Terminal, total: int):
+        self.terminal, self.total, self.step, self.start = terminal, total, 0, time.monotonic()
 
     def __call__(self, message: str) -> None:
         self.step += 1
-        print(f"[{self.step}/{self.total} +{time.monotonic() - self.start:5.1f}s] {message}", flush=True)
+        self.terminal.print(f"[{self.step}/{self.total} +{time.monotonic() - self.start:5.1f}s] {message}")
 
     def note(self, message: str) -> None:
-        print(f"           {message}", flush=True)
+        self.terminal.print(f"           {message}")
 
 
 def main() -> int:
@@ -57,19 +90,39 @@ def main() -> int:
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="where the model and adapters are built (default: artifacts)")
     parser.add_argument("--skip-server", action="store_true", help="skip the sglang serve part")
     parser.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one CPU core each (default: 1)")
+    parser.add_argument("--log", type=Path, default=None, help="where SGLang's own output goes (default: <artifacts>/run_example.log)")
     args = parser.parse_args()
 
     # Imported after parsing, so that --help works without the environment.
-    from sglang_cpu_devsupport import leftovers, serving, tiny_model
+    from sglang_cpu_devsupport import serving
 
-    max_new_tokens = serving.GREEDY_TOKENS
     try:
         env = serving.cpu_env("torch", tp_size=args.tp_size)
     except ValueError as exc:
         parser.error(str(exc))
+    terminal = Terminal(args.log or args.artifacts / "run_example.log")
+    terminal.print(f"SGLang's own output (warnings, progress bars, logs) goes to {terminal.log_path}")
+    try:
+        failures = demo(args, env, terminal)
+    except BaseException:  # noqa: BLE001 - shown with the log, then the demo fails
+        traceback.print_exc()  # into the log
+        failures = ["the demo raised (the traceback is at the end of the log)"]
+    if failures:
+        terminal.show_log()
+        terminal.print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    terminal.print("OK: intel_xpu served every adapter and matched transformers + PEFT.")
+    return 0
+
+
+def demo(args: argparse.Namespace, env: dict, terminal: Terminal) -> list[str]:
+    """The demo's steps (see the module docstring); returns the failed checks."""
+    from sglang_cpu_devsupport import leftovers, serving, tiny_model
+
+    max_new_tokens = serving.GREEDY_TOKENS
     os.environ.update(env)
 
-    progress = Progress(total=5)
+    progress = Progress(terminal, total=5)
     progress("building the tiny model, tokenizer and adapters (reused when already built)")
     paths = tiny_model.build_all(args.artifacts, progress=progress.note)
     adapters = list(tiny_model.ADAPTER_NAMES)
@@ -110,8 +163,8 @@ def main() -> int:
         got = serving.first_token_logprobs(out["meta_info"], tiny_model.VOCAB_SIZE)
         delta = float((got - ref_logprobs).abs().max())
         same = out["output_ids"] == ref_tokens
-        print(f"  {label:>8}: {PROMPT!r} -> {out['text']!r}")
-        print(f"            max |Δ logprob| vs transformers+PEFT = {delta:.2e}; greedy tokens identical: {same}")
+        terminal.print(f"  {label:>8}: {PROMPT!r} -> {out['text']!r}")
+        terminal.print(f"            max |Δ logprob| vs transformers+PEFT = {delta:.2e}; greedy tokens identical: {same}")
         if not (delta <= LOGPROB_TOLERANCE and same):
             failures.append(f"{label}: Δ={delta:.2e}, tokens identical={same}")
 
@@ -134,7 +187,7 @@ def main() -> int:
             )
             for lora, out in zip(loras, generated):
                 ok = out["output_ids"] == engine_tokens[lora]
-                print(f"  /generate        {lora or 'base':>8}: tokens equal the engine's: {ok}")
+                terminal.print(f"  /generate        {lora or 'base':>8}: tokens equal the engine's: {ok}")
                 if not ok:
                     failures.append(f"/generate {lora}: {out['output_ids']} != {engine_tokens[lora]}")
             for lora in adapters:
@@ -145,21 +198,17 @@ def main() -> int:
                 )
                 expected = tokenizer.decode(engine_tokens[lora])
                 ok = completion["choices"][0]["text"] == expected
-                print(f"  /v1/completions  {lora:>8}: text equals the engine's tokens: {ok}")
+                terminal.print(f"  /v1/completions  {lora:>8}: text equals the engine's tokens: {ok}")
                 if not ok:
                     failures.append(f"/v1/completions {lora}: {completion['choices'][0]['text']!r} != {expected!r}")
-            failures += check_chat(base_url, tokenizer, loras, params)
+            failures += check_chat(base_url, tokenizer, loras, params, terminal)
         progress.note(f"server (pid {proc.pid}) stopped with exit code {proc.returncode}")
 
     progress("summary")
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("OK: intel_xpu served every adapter and matched transformers + PEFT.")
-    return 0
+    return failures
 
 
-def check_chat(base_url: str, tokenizer, loras: list, params: dict) -> list[str]:
+def check_chat(base_url: str, tokenizer, loras: list, params: dict, terminal: Terminal) -> list[str]:
     """The README's OpenAI-client chat example for each of ``loras`` (``None``: the base model),
     against ``/generate`` with the same adapter on the chat-templated prompt's token ids. Prints a
     line per adapter; returns the failures."""
@@ -182,7 +231,7 @@ def check_chat(base_url: str, tokenizer, loras: list, params: dict) -> list[str]
         )
         got, expected = reply.choices[0].message.content, tokenizer.decode(out["output_ids"])
         ok = got == expected and reply.usage.prompt_tokens == len(chat_ids)
-        print(f"  /v1/chat/completions {lora or 'base':>8}: text equals /generate's on the templated prompt: {ok}")
+        terminal.print(f"  /v1/chat/completions {lora or 'base':>8}: text equals /generate's on the templated prompt: {ok}")
         if not ok:
             failures.append(f"/v1/chat/completions {lora}: {got!r} != {expected!r} ({reply.usage.prompt_tokens} prompt ids)")
     return failures

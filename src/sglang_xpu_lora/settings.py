@@ -6,6 +6,8 @@ and ``doctor`` name them before anything heavy is imported).
   trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
   (:mod:`sglang_xpu_lora.adapters.checked_backends`).
+* :data:`STARTUP_REPORT_ENV`: set by the plugin itself, not by users: the file SGLang's scheduler
+  processes report a start-up failure to (:mod:`sglang_xpu_lora.patches.startup_failure`).
 """
 
 from __future__ import annotations
@@ -13,3 +15,4 @@ from __future__ import annotations
 KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
+STARTUP_REPORT_ENV = "SGLANG_XPU_LORA_STARTUP_REPORT"

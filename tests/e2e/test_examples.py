@@ -2,7 +2,8 @@
 
 - ``examples/serve_lora_cpu.py`` (the CPU demo behind ``scripts/run_example.sh``): an engine and
   an ``sglang serve`` server, checked against transformers + PEFT; its output must end with its
-  ``OK`` line (no ``resource_tracker`` warning or ``KeyError`` traceback after it).
+  ``OK`` line (no ``resource_tracker`` warning or ``KeyError`` traceback after it) and hold only
+  the demo's own lines: SGLang's warnings and progress bars are in the log it names.
 - ``examples/xpu/bench_serving.sh``, which starts each server with
   ``examples/xpu/serve_multi_lora.sh``: with the device, the kernel selector and the sizes set for
   this CPU machine and the tiny model, for ``intel_xpu`` and SGLang's ``torch_native``. Every
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -32,6 +34,16 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 ALARMING = ("Traceback", "KeyError", "resource_tracker", "leaked", "Error")
+#: Every line the CPU demo prints itself (examples/serve_lora_cpu.py).
+DEMO_LINE = re.compile(
+    r"SGLang's own output \(warnings, progress bars, logs\) goes to (?P<log>\S+)"
+    r"|\[\d/5 \+ *\d+\.\ds\] \S.*"  # a step
+    r"| {11}\S.*"  # a note under a step
+    r"| +(base|[\w-]+): 'def main\(self\):' -> .*"  # an engine completion
+    r"| {12}max \|Δ logprob\| vs transformers\+PEFT = .*"
+    r"|  (/generate|/v1/completions|/v1/chat/completions) .*: (True|False)"
+    r"|OK: intel_xpu served every adapter and matched transformers \+ PEFT\."
+)
 
 
 def user_env(**extra) -> dict:
@@ -56,6 +68,12 @@ def test_cpu_example(tiny_artifacts, tmp_path):
     assert chat == ["base", *tiny_model.ADAPTER_NAMES], result.stdout[-3000:]
     assert not [word for word in ALARMING if word in result.stdout], result.stdout[-3000:]
     assert left == [], f"the example left {left} behind"
+    # Only the demo's own lines (stderr included); SGLang's warnings and progress bars are in its log.
+    assert [line for line in lines if not DEMO_LINE.fullmatch(line)] == [], result.stdout[-3000:]
+    log = Path(DEMO_LINE.fullmatch(lines[0])["log"])
+    assert log == artifacts / "run_example.log"
+    sglangs = log.read_text()
+    assert "Only CUDA, HIP and XPU support AWQ currently." in sglangs and "Multi-thread loading shards" in sglangs
 
 
 def readme_block(after: str) -> str:

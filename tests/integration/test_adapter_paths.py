@@ -28,7 +28,7 @@ def server_args(tiny_artifacts, adapters, **fields):
     refs = [LoRARef(lora_name=name, lora_path=str(path)) for name, path in adapters.items()]
     values = dict(
         enable_lora=True, lora_backend="intel_xpu", lora_paths=refs, model_path=str(tiny_artifacts["base"]),
-        trust_remote_code=False, max_lora_rank=32, lora_target_modules=None,
+        trust_remote_code=False, max_lora_rank=32, lora_target_modules=None, device="cpu",
     )
     return types.SimpleNamespace(**{**values, **fields})
 

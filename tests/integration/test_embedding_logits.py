@@ -18,9 +18,10 @@ from sglang_xpu_lora.adapters import AdapterRejected
 from sglang_xpu_lora.adapters.model_checks import (
     check_served_modules,
     embedding_logits_architecture,
-    hf_model_embedding_logits,
+    hf_config_embedding_logits,
     lora_modules,
 )
+from sglang_xpu_lora.adapters.tensor_checks import hf_local_config
 from sglang_xpu_lora.patches.adapter_checks import check_local_adapter
 from sglang_xpu_lora.upstream import targets
 
@@ -139,12 +140,12 @@ def gemma(tmp_path_factory):
 
 def test_argument_validation_refuses_lm_head_lora_on_the_tiny_gemma(gemma, tiny_artifacts):
     """As ``--lora-paths`` are checked before the model loads: from the base's config.json."""
-    architecture = hf_model_embedding_logits(str(gemma["base"]))
+    architecture = hf_config_embedding_logits(hf_local_config(str(gemma["base"])))
     assert architecture == "GemmaForCausalLM"
     with pytest.raises(AdapterRejected, match=r"'gemma-head-r8' cannot be served: it has LoRA on lm_head, but GemmaForCausalLM"):
         check_local_adapter("gemma-head-r8", gemma[GEMMA_HEAD.name], 32, None, architecture)
     check_local_adapter("qv-r4", gemma["qv-r4"], 32, None, architecture)
-    assert hf_model_embedding_logits(str(tiny_artifacts["base"])) is None  # the tiny Llama: untied
+    assert hf_config_embedding_logits(hf_local_config(str(tiny_artifacts["base"]))) is None  # the tiny Llama: untied
     check_local_adapter("emb-head-r8", tiny_artifacts["emb-head-r8"], 32, None, None)
 
 

@@ -47,6 +47,8 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "HOOKS ['sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.serving_hook.handle_missing_default_values', "
+        "'sglang.srt.entrypoints.engine._set_envs_and_config', "
+        "'sglang.srt.entrypoints.engine._wait_for_scheduler_ready', "
         "'sglang.srt.layers.logits_processor.LogitsProcessor.forward', "
         "'sglang.srt.lora.lora.LoRAAdapter._normalize_weights', "
         "'sglang.srt.lora.lora_manager.LoRAManager._load_lora_adapter', "
@@ -57,6 +59,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
         "'sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments', "
         "'sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments', "
+        "'sglang.srt.managers.scheduler.Scheduler.__init__', "
         "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
         "'sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path', "
         "'sglang.srt.utils.common.configure_logger']" in result.stdout
@@ -293,10 +296,10 @@ from sglang_xpu_lora import plugin
 print("EVENTS", events)
 print("SELECTABLE", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS, "intel_xpu" in cli_choices.lora_backend_choices())
 refusal = ("sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger")
-ours = [(t, h) for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if h.__module__.startswith("sglang_xpu_lora")]
+ours = [(t, k.name, h) for t, hooks in HookRegistry._hooks.items() for k, h, _ in hooks if h.__module__.startswith("sglang_xpu_lora")]
 untouched = object()  # our hooks would read attributes of their arguments; passed through, they do not
-print("PASS-THROUGH", [h(lambda *a, **k: "original", untouched) if "check_lora" not in t else h("result", untouched) for t, h in ours if t not in refusal])
-(refuse,) = [h for t, h in ours if t == refusal[0]]
+print("PASS-THROUGH", [h(lambda *a, **k: "original", untouched) if k != "AFTER" else h("result", untouched) for t, k, h in ours if t not in refusal])
+(refuse,) = [h for t, _, h in ours if t == refusal[0]]
 try:
     refuse(types.SimpleNamespace(lora_backend="intel_xpu", enable_lora=True))
 except ValueError as exc:
@@ -339,6 +342,9 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.layers.logits_processor.LogitsProcessor.forward"),  # patches.embedding_logits
         *unload_hooks,
         *request_hooks,
+        ("AFTER", "sglang.srt.entrypoints.engine._set_envs_and_config"),  # patches.startup_failure
+        ("AROUND", "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"),
+        ("AROUND", "sglang.srt.managers.scheduler.Scheduler.__init__"),
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
     assert events == "EVENTS " + repr(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +25,7 @@ def test_run_example_help_needs_no_environment(tmp_path):
     result = run_script("run_example.sh", "--help", SGLANG_XPU_LORA_VENV=str(venv))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: run_example.sh [-h] [--artifacts ARTIFACTS] [--skip-server]")
+    assert "--log LOG" in result.stdout
     assert "sglang serve" in result.stdout and "``" not in result.stdout
     assert not venv.exists(), "--help must not build the environment"
     assert "[setup]" not in result.stdout + result.stderr
@@ -44,3 +46,24 @@ def test_run_scripts_use_the_environment_named_by_sglang_xpu_lora_venv():
     for script in ("run_tests.sh", "run_example.sh"):
         text = (REPO / "scripts" / script).read_text()
         assert 'VENV=${SGLANG_XPU_LORA_VENV:-.venv}' in text and 'exec "$VENV/bin/python"' in text, script
+
+
+def test_a_failing_demo_shows_its_log_in_full(tmp_path):
+    """The demo's terminal has its own lines only; on failure the log it named (SGLang's and the
+    libraries' own output, here the traceback) is shown in full, then the failure."""
+    not_a_directory = tmp_path / "artifacts"
+    not_a_directory.write_text("a file where the demo builds its model")
+    log = tmp_path / "logs" / "demo.log"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "serve_lora_cpu.py"), "--artifacts", str(not_a_directory), "--log", str(log)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr == ""  # everything not the demo's went to the log
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"SGLang's own output (warnings, progress bars, logs) goes to {log}"
+    assert lines[1].endswith("] building the tiny model, tokenizer and adapters (reused when already built)")
+    shown = result.stdout.split(f"--- {log} (SGLang's and the libraries' own output), in full ---\n", 1)[1]
+    assert shown.split(f"--- end of {log} ---", 1)[0] == log.read_text()
+    assert "Traceback" in log.read_text() and "NotADirectoryError" in log.read_text()
+    assert lines[-2:] == ["FAILED:", "  the demo raised (the traceback is at the end of the log)"]

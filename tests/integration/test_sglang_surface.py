@@ -56,6 +56,7 @@ RECEIVERS = {
     },
     "patches/validation.py": {"cfg": targets.SERVER_ARGS, "server_args": targets.SERVER_ARGS},
     "patches/refusal.py": {"server_args": targets.SERVER_ARGS},
+    "patches/startup_failure.py": {"cfg": targets.SERVER_ARGS},
     "patches/embedding_logits.py": {
         "lm_head": targets.VOCAB_PARALLEL_EMBEDDING_WITH_LORA,
         "lm_head.lora_backend": targets.TRITON_BACKEND,

@@ -146,6 +146,13 @@ def normalize(modules):
     return get_normalized_target_modules(modules)
 
 
+def capable():
+    """SGLang's own LoRA-capable target modules (what the plugin passes)."""
+    from sglang_xpu_lora.adapters.served_targets import lora_capable_modules
+
+    return lora_capable_modules()
+
+
 LLAMA_MODULES = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
     f"model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj", "down_proj")
 ] + ["model.embed_tokens", "lm_head"]
@@ -156,13 +163,15 @@ LLAMA_MODULES = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "
     [["q_proj", "v_proj"], ["self_attn.q_proj", "o_proj"], ["qkv_proj", "gate_up_proj"], "all-linear", r".*\.q_proj"],
 )
 def test_target_modules_the_model_has_pass(target_modules):
-    check_target_modules("a", target_modules, LLAMA_MODULES, normalize)
-    check_target_modules("a", target_modules, LLAMA_MODULES, normalize, served_modules={"qkv_proj", "o_proj", "gate_up_proj"})
+    check_target_modules("a", target_modules, LLAMA_MODULES, normalize, capable())
+    check_target_modules(
+        "a", target_modules, LLAMA_MODULES, normalize, capable(), served_modules={"qkv_proj", "o_proj", "gate_up_proj"}
+    )
 
 
 def test_a_target_module_the_model_does_not_have_is_named():
     with pytest.raises(AdapterRejected) as refused:
-        check_target_modules("a", ["q_proj", "query_key_value", "c_attn"], LLAMA_MODULES, normalize)
+        check_target_modules("a", ["q_proj", "query_key_value", "c_attn"], LLAMA_MODULES, normalize, capable())
     assert str(refused.value) == (
         "LoRA adapter 'a' cannot be served exactly: field 'target_modules' names ['query_key_value', 'c_attn'], "
         "which the base model does not have; the adapter was trained for another model (or, if it has no tensors "
@@ -172,6 +181,28 @@ def test_a_target_module_the_model_does_not_have_is_named():
 
 def test_a_target_module_the_pool_was_not_built_for_is_named_with_the_flag():
     with pytest.raises(AdapterRejected) as refused:
-        check_target_modules("a", ["q_proj", "up_proj", "lm_head"], LLAMA_MODULES, normalize, served_modules={"qkv_proj"})
+        check_target_modules(
+            "a", ["q_proj", "up_proj", "lm_head"], LLAMA_MODULES, normalize, capable(), served_modules={"qkv_proj"}
+        )
     assert "names ['up_proj', 'lm_head'], but the server was started with LoRA on ['qkv_proj'] only; restart it " \
         "with --lora-target-modules including ['gate_up_proj', 'lm_head'] (or all)" in str(refused.value)
+
+
+GPT2_MODULES = [f"transformer.h.0.attn.{m}" for m in ("c_attn", "c_proj")] + ["transformer.h.0.mlp.c_fc", "lm_head"]
+
+
+def test_a_module_the_model_has_but_sglang_has_no_lora_layer_for_is_named_as_such():
+    """PEFT's GPT-2 adapter: the modules exist; SGLang 0.5.23's LoRA serves none of them (its
+    ``_KNOWN_LORA_TARGET_MODULES``). Checked after "the model does not have", so an adapter for
+    another model is still told so."""
+    with pytest.raises(AdapterRejected) as refused:
+        check_target_modules("gpt2", ["c_attn", "c_proj", "c_fc"], GPT2_MODULES, normalize, capable())
+    message = str(refused.value)
+    assert message.startswith(
+        "LoRA adapter 'gpt2' cannot be served exactly: field 'target_modules' names ['c_attn', 'c_proj', 'c_fc']: "
+        "the base model has them, but SGLang 0.5.23 has no LoRA layer for them (it serves LoRA on ["
+    )
+    assert "'qkv_proj'" in message and "does not have" not in message and message.endswith("serve that")
+    with pytest.raises(AdapterRejected, match="which the base model does not have"):
+        check_target_modules("gpt2", ["c_attn", "q_proj"], GPT2_MODULES, normalize, capable())
+    check_target_modules("gpt2", ["lm_head"], GPT2_MODULES, normalize, capable())

@@ -46,9 +46,18 @@ EMBEDDING_ADAPTER = AdapterSpec("emb-head-r8", rank=8, alpha=16, target_modules=
 #: word embeddings), which SGLang's Gemma hands to the logits processor as the lm_head. Its MLP uses
 #: the exact GELU: SGLang 0.5.23's Gemma computes that whatever the config says, and transformers
 #: reads "gelu" as the tanh form, "gelu_python" as the exact one.
+#: The MoE models (routed experts in 4 experts of width 64, 2 per token; Qwen2-MoE adds a dense shared
+#: expert of width 128) and GPT-2 (Conv1D c_attn, c_proj, c_fc; one key/value head per head) are the
+#: models of the start-up refusals (SGLang's LoRA on routed experts, modules it has no LoRA layer for).
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"tie_word_embeddings": True, "hidden_act": "gelu_python"}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128},
+    ),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
 }
 
 

@@ -325,50 +325,48 @@ def check_target_modules(
     target_modules: Any,
     model_modules: Iterable[str],
     normalize: Callable[[Iterable[str]], set[str]],
+    lora_capable: Iterable[str],
     served_modules: Optional[Iterable[str]] = None,
 ) -> None:
     """Refuse adapter ``name`` when its list ``target_modules`` names a module the base model does
-    not have, or (with ``served_modules``) one the server's LoRA memory pool has no buffers for.
+    not have, one SGLang has no LoRA layer for, or (with ``served_modules``) one the server's LoRA
+    memory pool has no buffers for; checked in that order, the first failing check is reported.
 
     ``normalize`` maps module names to the names SGLang serves them under (SGLang's
     ``get_normalized_target_modules``: ``q_proj`` -> ``qkv_proj``, a dotted name -> its last part);
-    ``model_modules`` are the base model's module names (full or last part), ``served_modules`` the
-    pool's normalized target modules. A regular expression or ``all``/``all-linear`` is resolved
-    against the model and is not checked here.
+    ``model_modules`` are the base model's module names (full or last part), ``lora_capable`` the
+    normalized names SGLang's LoRA can serve at all (its ``_KNOWN_LORA_TARGET_MODULES``: GPT-2's
+    ``c_attn`` is not one), ``served_modules`` the pool's normalized target modules. A regular
+    expression or ``all``/``all-linear`` is resolved against the model and is not checked here.
 
     Raises:
-        AdapterRejected: naming the adapter and the target modules at fault.
+        AdapterRejected: naming the adapter, the target modules at fault and what to do.
     """
     if not isinstance(target_modules, (list, tuple, set)):
         return
     known = normalize({module.rpartition(".")[2] for module in model_modules})
-    absent = [module for module in target_modules if not normalize([module]) <= known]
-    if absent:
-        raise AdapterRejected(
-            _rejection(
-                name,
-                [
-                    f"field 'target_modules' names {absent}, which the base model does not have; the adapter "
-                    "was trained for another model (or, if it has no tensors for them, remove them from "
-                    "target_modules in adapter_config.json)"
-                ],
-            )
-        )
-    if served_modules is None:
-        return
-    served = set(served_modules)
-    unserved = [module for module in target_modules if not normalize([module]) <= served]
-    if unserved:
-        raise AdapterRejected(
-            _rejection(
-                name,
-                [
-                    f"field 'target_modules' names {unserved}, but the server was started with LoRA on "
-                    f"{sorted(served)} only; restart it with --lora-target-modules including "
-                    f"{sorted(normalize(unserved))} (or all)"
-                ],
-            )
-        )
+    capable = set(lora_capable)
+    checks = [
+        (known, lambda bad: (
+            f"names {bad}, which the base model does not have; the adapter was trained for another "
+            "model (or, if it has no tensors for them, remove them from target_modules in adapter_config.json)"
+        )),
+        (capable, lambda bad: (
+            f"names {bad}: the base model has them, but SGLang 0.5.23 has no LoRA layer for them (it "
+            f"serves LoRA on {sorted(capable)} only, as SGLang names them); merge the adapter into the "
+            "base model (PeftModel.merge_and_unload) and serve that"
+        )),
+    ]
+    if served_modules is not None:
+        served = set(served_modules)
+        checks.append((served, lambda bad: (
+            f"names {bad}, but the server was started with LoRA on {sorted(served)} only; restart it "
+            f"with --lora-target-modules including {sorted(normalize(bad))} (or all)"
+        )))
+    for allowed, why in checks:
+        bad = [module for module in target_modules if not normalize([module]) <= allowed]
+        if bad:
+            raise AdapterRejected(_rejection(name, [f"field 'target_modules' {why(bad)}"]))
 
 
 def _warnings(name: str, config: Mapping[str, Any]) -> tuple[str, ...]:

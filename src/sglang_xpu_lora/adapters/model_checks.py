@@ -64,16 +64,3 @@ def lora_modules(tensor_names: Iterable[str]) -> list[str]:
     """The PEFT module keys that ``tensor_names`` hold LoRA factors for (``lm_head``,
     ``model.layers.0.self_attn.q_proj``, ...)."""
     return [parsed[0] for parsed in map(split_tensor_name, tensor_names) if parsed is not None]
-
-
-def hf_model_embedding_logits(model_path: str, trust_remote_code: bool = False) -> Optional[str]:
-    """:func:`hf_config_embedding_logits` of ``model_path``'s local ``config.json`` (at argument
-    validation, before SGLang loads the model), or None when transformers cannot read it (a hub
-    id offline): the adapter is then checked when it loads."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
-    except Exception:  # noqa: BLE001 - best effort: never block a model SGLang can load; load-time checks still run
-        return None
-    return hf_config_embedding_logits(config)

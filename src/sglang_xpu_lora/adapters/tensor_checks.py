@@ -17,7 +17,7 @@ zeros (the LoRA update of an untargeted projection is zero, as in PEFT).
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, MutableMapping, Optional
+from typing import Any, Callable, Iterable, MutableMapping, Optional
 
 import torch
 
@@ -282,15 +282,27 @@ def hf_module_dims(model: torch.nn.Module) -> ModuleDims:
     return table.get
 
 
-def hf_meta_model(model_path: str, trust_remote_code: bool = False) -> Optional[torch.nn.Module]:
-    """``model_path``'s transformers causal-LM built on the ``meta`` device (no weights are read;
-    used at argument validation, before SGLang loads the model), or None when transformers cannot
-    build it from a local config (a hub id offline, an architecture it lacks): the adapters are then
-    checked against the model when they load."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def hf_local_config(model_path: str, trust_remote_code: bool = False) -> Optional[Any]:
+    """``model_path``'s transformers config, read from local files only (at argument validation,
+    before SGLang loads the model), or None when transformers cannot read it (a hub id offline, an
+    architecture it lacks): the adapters are then checked against the model when they load."""
+    from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception:  # noqa: BLE001 - best effort: never block a model SGLang can load; load-time checks still run
+        return None
+
+
+def hf_meta_model(config: Optional[Any], trust_remote_code: bool = False) -> Optional[torch.nn.Module]:
+    """The transformers causal-LM of ``config`` (:func:`hf_local_config`) built on the ``meta``
+    device (no weights are read), or None when there is no config or transformers cannot build it:
+    the adapters are then checked against the model when they load."""
+    from transformers import AutoModelForCausalLM
+
+    if config is None:
+        return None
+    try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 - best effort: never block a model SGLang can load; load-time checks still run
@@ -299,7 +311,7 @@ def hf_meta_model(model_path: str, trust_remote_code: bool = False) -> Optional[
 
 def hf_meta_dims(model_path: str, trust_remote_code: bool = False) -> Optional[ModuleDims]:
     """The :data:`ModuleDims` of :func:`hf_meta_model`, or None when it cannot be built."""
-    model = hf_meta_model(model_path, trust_remote_code)
+    model = hf_meta_model(hf_local_config(model_path, trust_remote_code), trust_remote_code)
     return None if model is None else hf_module_dims(model)
 
 

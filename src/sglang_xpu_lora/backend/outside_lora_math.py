@@ -13,17 +13,19 @@ of LoRA never reach it:
 
 Both need Triton (XPU and CUDA builds of PyTorch have it; the CPU does not, unless
 ``TRITON_INTERPRET=1``). :func:`outside_lora_math` names them for a model and its LoRA targets;
-``IntelXpuLoRABackend.validate_lora_targets`` logs them, and refuses them where Triton cannot run.
+``IntelXpuLoRABackend.validate_lora_targets`` logs them, and refuses them where Triton cannot run
+(the routed experts are refused before the model loads already, from the model's config and the
+adapters' files: :mod:`sglang_xpu_lora.adapters.served_targets`; this is the check after the load,
+for what argument validation could not see, such as adapters named by a Hub id).
 """
 
 from __future__ import annotations
 
 import torch
 
+from sglang_xpu_lora.adapters.served_targets import MOE_TARGETS
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
-
-MOE_TARGETS = ("gate_up_proj", "down_proj")
 
 
 def outside_lora_math(base_model: torch.nn.Module, target_modules: set) -> list[str]:
@@ -38,8 +40,9 @@ def outside_lora_math(base_model: torch.nn.Module, target_modules: set) -> list[
     modules = list(base_model.modules())
     if all(t in target_modules for t in MOE_TARGETS) and any(isinstance(m, fused_moe) for m in modules):
         found.append(
-            "LoRA on MoE experts (gate_up_proj, down_proj of FusedMoE layers) runs in SGLang's Triton "
-            "MoE-LoRA kernels (sglang.kernels.ops.lora.moe)"
+            "LoRA on MoE experts (SGLang wraps the routed experts of every FusedMoE layer when the target "
+            "modules include gate_up_proj and down_proj, whatever modules the adapters trained) runs in "
+            "SGLang's Triton MoE-LoRA kernels (sglang.kernels.ops.lora.moe)"
         )
     if "kv_b_proj" in target_modules and any(hasattr(m, "kv_b_proj") and hasattr(m, "w_kc") for m in modules):
         found.append(

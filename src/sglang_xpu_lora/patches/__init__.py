@@ -57,6 +57,14 @@ backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_
                        make plugin backends resolvable. SGLang's API; permanent.
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
                        backends. Remove when SGLang derives choices from the registry.
+startup_failure        ``entrypoints.engine._set_envs_and_config`` (AFTER),
+                       ``_wait_for_scheduler_ready`` (AROUND), ``Scheduler.__init__`` (AROUND): a
+                       scheduler that fails to start (what only the loaded model shows) ends
+                       ``Engine(...)`` with an exception in the caller naming the failure, and
+                       ``sglang serve`` with the message alone, instead of SGLang's launch-phase
+                       SIGQUIT handler killing the caller's process. For plugin backends (all with
+                       ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang raises
+                       scheduler start-up failures in the caller.
 log_lines              ``sglang.srt.utils.common.configure_logger`` (AFTER): the plugin's one line
                        per process (its version, SGLang's, the backends registered) once SGLang
                        has configured logging. Remove when SGLang logs the plugins it loaded
@@ -97,14 +105,14 @@ from typing import Callable, Iterable
 
 from sglang_xpu_lora.patches import (
     adapter_checks, backend_registry, cli_choices, embedding_logits, log_lines, mem_pool, refusal,
-    request_checks, unload_final, validation,
+    request_checks, startup_failure, unload_final, validation,
 )
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 
 PATCHES = (
     validation, mem_pool, adapter_checks, embedding_logits, unload_final, request_checks,
-    backend_registry, cli_choices, log_lines,
+    startup_failure, backend_registry, cli_choices, log_lines,
 )
 
 

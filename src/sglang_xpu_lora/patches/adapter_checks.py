@@ -47,18 +47,25 @@ from typing import Any, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected, checked_backends
 from sglang_xpu_lora.adapters.adapter_files import ADAPTER_CONFIG, check_added_tokens, check_adapter_files, read_added_tokens
-from sglang_xpu_lora.adapters.config_checks import check_adapter_config, check_target_modules, resolve_target_regex
+from sglang_xpu_lora.adapters.config_checks import (
+    AdapterPlan,
+    check_adapter_config,
+    check_target_modules,
+    resolve_target_regex,
+)
 from sglang_xpu_lora.adapters.model_checks import (
     check_served_modules,
     embedding_logits_architecture,
-    hf_model_embedding_logits,
+    hf_config_embedding_logits,
     lora_modules,
 )
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
+from sglang_xpu_lora.adapters.served_targets import expert_lora_refusal, lora_capable_modules, wraps_experts
 from sglang_xpu_lora.adapters.tensor_checks import (
     ModuleDims,
     check_tensors,
     fill_missing_slices,
+    hf_local_config,
     hf_meta_model,
     hf_module_dims,
     sglang_module_dims,
@@ -76,29 +83,33 @@ PLAN_ATTR = "xpu_lora_plan"
 
 
 def check_lora_paths(server_args: Any) -> None:
-    """Check every ``--lora-paths`` adapter served by a backend in scope, before the model loads.
+    """Check every ``--lora-paths`` adapter served by a backend in scope, and the LoRA target
+    modules the server will serve, before the model loads.
 
     A local path (see :func:`~sglang_xpu_lora.adapters.adapter_files.is_local_reference`) must be
     a directory with ``adapter_config.json`` and a weights file; its config is checked, and, against
     the base model built from its config on the ``meta`` device, its ``target_modules`` (modules the
-    model has, within ``--lora-target-modules`` when given; no lm_head LoRA for a model that
-    computes its logits from the input embedding), its ``added_tokens.json`` and its
-    ``adapter_model.safetensors`` tensors (finite, shaped for the model).
+    model has and SGLang has a LoRA layer for, within ``--lora-target-modules`` when given; no
+    lm_head LoRA for a model that computes its logits from the input embedding), its
+    ``added_tokens.json`` and its ``adapter_model.safetensors`` tensors (finite, shaped for the
+    model). Then the target modules the server will build its pool for (``--lora-target-modules``,
+    else the adapters') must not put LoRA on the model's routed experts where SGLang's MoE-LoRA
+    kernels cannot run (:func:`~sglang_xpu_lora.adapters.served_targets.expert_lora_refusal`).
 
     Adapters named by a Hub id, and the model checks when transformers cannot build the base model
     from its config, are checked when they load.
 
     Raises:
-        BackendArgumentError: one line per refused adapter (a ``ValueError``; uncaught, the launcher
-            exits with the lines alone).
+        BackendArgumentError: one line per refused adapter, or the refused target modules (a
+            ``ValueError``; uncaught, the launcher exits with the lines alone).
         ValueError: for an invalid scope setting.
     """
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     # applies_to first: an invalid scope setting is reported here, not at the first adapter load.
-    if not cfg.enable_lora or not checked_backends.applies_to(cfg.lora_backend) or not cfg.lora_paths:
+    if not cfg.enable_lora or not checked_backends.applies_to(cfg.lora_backend):
         return
     problems, local = [], []
-    for ref in cfg.lora_paths:
+    for ref in cfg.lora_paths or ():
         try:
             directory = check_adapter_files(ref.lora_name, ref.lora_path)
         except AdapterRejected as exc:
@@ -106,19 +117,40 @@ def check_lora_paths(server_args: Any) -> None:
             continue
         if directory is not None:
             local.append((ref, directory))
-    model = hf_meta_model(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
-    embedding_logits = hf_model_embedding_logits(cfg.model_path, bool(cfg.trust_remote_code)) if local else None
-    served = set(cfg.lora_target_modules or ())
-    base = None if model is None else BaseModelFacts.of_hf_model(model, None if "all" in served or not served else served)
+    flag = set(cfg.lora_target_modules or ())
+    if not local and not wraps_experts(_normalize(flag)):
+        if problems:
+            raise BackendArgumentError("\n".join(problems))
+        return
+    hf_config = hf_local_config(cfg.model_path, bool(cfg.trust_remote_code))
+    model = hf_meta_model(hf_config, bool(cfg.trust_remote_code))
+    embedding_logits = None if hf_config is None else hf_config_embedding_logits(hf_config)
+    base = None if model is None else BaseModelFacts.of_hf_model(model, None if "all" in flag or not flag else flag)
+    sources = [("--lora-target-modules", sorted(flag), frozenset(_normalize(flag)))] if flag else []
     for ref, directory in local:
         try:
-            check_local_adapter(ref.lora_name, directory, cfg.max_lora_rank, base, embedding_logits)
+            plan = check_local_adapter(ref.lora_name, directory, cfg.max_lora_rank, base, embedding_logits)
         except AdapterRejected as exc:
             problems.append(str(exc))
+            continue
         except ValueError as exc:  # an unreadable file
             problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {ref.lora_path}: {exc}")
+            continue
+        if not flag and plan.target_regex is None and plan.target_modules is not None:
+            sources.append((f"adapter {ref.lora_name!r}", plan.target_modules, frozenset(_normalize_given(plan.target_modules))))
+    if not problems and base is not None:
+        from sglang_xpu_lora.providers.triton_ops import triton_support  # the ops' modules load lazily
+
+        refusal = expert_lora_refusal(sources, base.module_names, cfg.device, triton_support(cfg.device))
+        if refusal:
+            problems.append(refusal)
     if problems:
         raise BackendArgumentError("\n".join(problems))
+
+
+def _normalize_given(target_modules: Any) -> set[str]:
+    """SGLang's names for an adapter's ``target_modules`` list, or ``{"all"}`` for 'all' / 'all-linear'."""
+    return _normalize(target_modules) if not isinstance(target_modules, str) else {"all"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +189,13 @@ def check_local_adapter(
     max_lora_rank: Optional[int],
     base: Optional[BaseModelFacts],
     embedding_logits: Optional[str] = None,
-) -> None:
+) -> AdapterPlan:
     """Check the adapter in directory ``path``: its config; with ``base`` its target modules, added
     tokens and safetensors; with ``embedding_logits`` (the base model's architecture when it
     computes its logits from the input embedding) that it has no lm_head LoRA.
+
+    Returns:
+        The adapter's :class:`~sglang_xpu_lora.adapters.config_checks.AdapterPlan`.
 
     Raises:
         AdapterRejected: see :func:`~sglang_xpu_lora.adapters.config_checks.check_adapter_config`,
@@ -173,7 +208,9 @@ def check_local_adapter(
     plan = check_adapter_config(name, json.loads((path / ADAPTER_CONFIG).read_text()), max_lora_rank)
     check_served_modules(name, _targeted_modules(plan), embedding_logits)
     if base is not None:
-        check_target_modules(name, plan.target_modules, base.module_names, _normalize, base.served_modules)
+        check_target_modules(
+            name, plan.target_modules, base.module_names, _normalize, lora_capable_modules(), base.served_modules
+        )
         check_added_tokens(name, read_added_tokens(path), base.vocab_size)
     weights = path / "adapter_model.safetensors"
     if (base is not None or embedding_logits is not None) and weights.is_file():
@@ -187,6 +224,7 @@ def check_local_adapter(
         check_served_modules(name, lora_modules(tensors), embedding_logits)
         if base is not None:
             check_tensors(plan, tensors.items(), base.dims, require_known_modules=False)
+    return plan
 
 
 def _targeted_modules(plan: Any) -> list[str]:
@@ -227,10 +265,17 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
     # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.
+    # SGLang's detection names the routed experts' targets (gate_up_proj, down_proj of FusedMoE).
     wrapped = set(getattr(manager, "target_modules", None) or ())
-    model_modules = resolve(targets.AUTO_DETECT_LORA_TARGET_MODULES)(manager.base_model) | wrapped
+    model_modules = (
+        {name for name, _ in manager.base_model.named_modules()}
+        | resolve(targets.AUTO_DETECT_LORA_TARGET_MODULES)(manager.base_model)
+        | wrapped
+    )
     served = None if pool is None else wrapped
-    check_target_modules(lora_ref.lora_name, lora_config.target_modules, model_modules, _normalize, served)
+    check_target_modules(
+        lora_ref.lora_name, lora_config.target_modules, model_modules, _normalize, lora_capable_modules(), served
+    )
     check_added_tokens(lora_ref.lora_name, lora_config.added_tokens_config, manager.base_hf_config.vocab_size)
     lora_config.r = plan.served_rank
     setattr(lora_config, PLAN_ATTR, plan)

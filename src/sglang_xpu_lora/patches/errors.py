@@ -5,8 +5,10 @@ from __future__ import annotations
 
 class BackendArgumentError(SystemExit, ValueError):
     """These server arguments cannot be served by a plugin backend: a device it cannot run on, its
-    kernels missing, the plugin could not register it at all (:mod:`.refusal`), or an adapter in
-    ``--lora-paths`` is refused (:mod:`.adapter_checks`); the message says why and what to do.
+    kernels missing, the plugin could not register it at all (:mod:`.refusal`), an adapter in
+    ``--lora-paths`` or the LoRA target modules are refused (:mod:`.adapter_checks`), or a
+    scheduler process failed to start (:mod:`.startup_failure`: what only the loaded model shows);
+    the message says why and what to do.
 
     A ``ValueError`` like SGLang's own validation errors (``except ValueError`` and ``except
     Exception`` catch it, e.g. around ``sglang.Engine(...)``), and a ``SystemExit`` whose code is

@@ -49,8 +49,16 @@ LORA_ADAPTER_NORMALIZE_WEIGHTS = "sglang.srt.lora.lora.LoRAAdapter._normalize_we
 GET_LORA = "sglang.srt.runtime_context.get_lora"
 GET_NORMALIZED_TARGET_MODULES = "sglang.srt.lora.utils.get_normalized_target_modules"
 AUTO_DETECT_LORA_TARGET_MODULES = "sglang.srt.lora.utils.auto_detect_lora_target_modules"
+# The normalized target modules SGLang's LoRA can serve (its pool, dims and layer wrapping know them).
+KNOWN_LORA_TARGET_MODULES = "sglang.srt.lora.utils._KNOWN_LORA_TARGET_MODULES"
 # The training files SGLang's loader skips among *.bin / *.pt (adapters/adapter_files.py).
 FILTER_FILES_NOT_NEEDED_FOR_INFERENCE = "sglang.srt.model_loader.weight_utils.filter_files_not_needed_for_inference"
+
+# Scheduler start-up failures raised in the launching caller (patches/startup_failure.py).
+SET_ENVS_AND_CONFIG = "sglang.srt.entrypoints.engine._set_envs_and_config"
+WAIT_FOR_SCHEDULER_READY = "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"
+SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
+KILL_PROCESS_TREE = "sglang.srt.utils.common.kill_process_tree"
 
 # Unloads made final (patches/unload_final.py), in the TokenizerManager's process.
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
@@ -142,7 +150,12 @@ ALL = (
     GET_LORA,
     GET_NORMALIZED_TARGET_MODULES,
     AUTO_DETECT_LORA_TARGET_MODULES,
+    KNOWN_LORA_TARGET_MODULES,
     FILTER_FILES_NOT_NEEDED_FOR_INFERENCE,
+    SET_ENVS_AND_CONFIG,
+    WAIT_FOR_SCHEDULER_READY,
+    SCHEDULER_INIT,
+    KILL_PROCESS_TREE,
     TOKENIZER_MANAGER,
     TOKENIZER_RESOLVE_LORA_PATH,
     TOKENIZER_CONTROL_MIXIN,
@@ -238,7 +251,7 @@ REQUIRED_ATTRIBUTES = {
     # publishes the LoRA group of these fields (max_lora_rank).
     SERVER_ARGS: (
         "enable_lora", "lora_backend", "lora_paths", "lora_target_modules", "max_lora_rank", "model_path",
-        "trust_remote_code", "device",
+        "trust_remote_code", "device", "custom_sigquit_handler",
     ),
     SERVER_ARGS_FIELD_ARG: ("choices",),
     HOOK_REGISTRY: ("register",),

@@ -1,0 +1,65 @@
+"""Issue 27 item 4, what only the scheduler can decide: an adapter named by a Hugging Face Hub id
+that cannot be fetched (offline) fails in SGLang's scheduler after the model load. SGLang 0.5.23's
+launch-phase SIGQUIT handler would kill the caller's process (rc 137) with the reason in the log
+only; with the plugin (``patches/startup_failure.py``) ``sglang.Engine(...)`` raises in the caller
+with the reason and the caller carries on, and ``sglang serve`` ends with the message alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_cpu_devsupport import serving
+
+pytestmark = pytest.mark.e2e
+
+HUB_ADAPTER = "some-org/no-such-adapter"
+REASON = f"LoRA adapter 'hub' cannot be loaded from {HUB_ADAPTER}: "
+
+
+def offline_env(tmp_path):
+    return {**os.environ, **serving.cpu_env("torch"), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+
+
+def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path):
+    kwargs = serving.engine_kwargs({**tiny_artifacts, "hub": HUB_ADAPTER}, ["sql-r8", "hub"])
+    code = """
+import json, sys
+
+def main():
+    import sglang
+    from sglang_xpu_lora.patches.errors import BackendArgumentError
+    try:
+        sglang.Engine(**json.loads(sys.argv[1]))
+    except BackendArgumentError as exc:
+        print("RAISED " + json.dumps(str(exc)))
+    print("CALLER ALIVE")
+
+if __name__ == "__main__":
+    main()
+"""
+    (tmp_path / "tmp").mkdir()
+    script = tmp_path / "caller.py"
+    script.write_text(code)
+    result = subprocess.run(
+        [sys.executable, str(script), json.dumps(kwargs)], env=offline_env(tmp_path / "tmp"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RAISED ")]
+    message = json.loads(line.removeprefix("RAISED "))
+    assert message.startswith("SGLang's scheduler failed to start: RuntimeError: Failed to load LoRA adapter hub: " + REASON), message
+    assert "CALLER ALIVE" in result.stdout
+    assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("sglang-xpu-lora-startup-")]
+
+
+def test_sglang_serve_ends_with_the_message_alone(tiny_artifacts, tmp_path):
+    argv = serving.server_argv({**tiny_artifacts, "hub": HUB_ADAPTER}, ["sql-r8", "hub"], serving.free_port())
+    result = subprocess.run(argv, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: SGLang's scheduler failed to start: RuntimeError: Failed to load LoRA adapter hub: " + REASON), last
