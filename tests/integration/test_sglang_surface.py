@@ -3,20 +3,28 @@
 
 Read from the source (AST), not from a run:
 
-* imports from ``sglang`` and string literals that are SGLang dotted paths;
-* ``resolve(targets.X)`` results, names imported from SGLang, and the receivers listed in
-  :data:`RECEIVERS` (how each module names the SGLang objects it is handed): every attribute read,
-  set, or named in ``getattr``/``hasattr``/``setattr`` on them;
+* imports from ``sglang`` and string literals that are SGLang dotted paths; every ``targets.X``
+  the source names is in ``targets.ALL`` (derived from the module, so this holds by construction;
+  the check keeps it so);
+* ``resolve(targets.X)`` results, names imported from SGLang, parameters and ``self`` attributes
+  annotated with an SGLang class (imported under ``TYPE_CHECKING`` where the module must not import
+  SGLang), and the receivers listed in :data:`RECEIVERS` (how the older modules name the SGLang
+  objects they are handed): every attribute read, set, named in ``getattr``/``hasattr``/
+  ``setattr`` or replaced by ``dataclasses.replace`` on them;
 * classes that derive from an SGLang class: inherited attributes read on ``self``, ``super()``
   calls, and every attribute they override, with the parameters the overrides name.
 
-A module that starts handling another SGLang object names it in :data:`RECEIVERS`.
+Completeness: the names that hold SGLang objects somewhere (annotated or listed) are SGLang's
+words in this plugin (``info``, ``pool``, ``batch_info``...): a module that reads attributes on such
+a name without typing it fails (:func:`untyped_receivers`), so a new module handed an SGLang
+object annotates it, and its reads are checked like the others.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -114,6 +122,50 @@ def resolved_target(node: ast.AST) -> str | None:
     return None
 
 
+def sglang_imports(tree: ast.AST) -> dict[str, str]:
+    """Name -> SGLang dotted path of each name imported from ``sglang`` in ``tree``."""
+    return {
+        alias.asname or alias.name: f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sglang"
+        for alias in node.names
+    }
+
+
+def annotated_classes(annotation: ast.AST | None, imported: dict[str, str]) -> tuple[str, ...]:
+    """The SGLang classes an annotation names (``LoRABatchInfo``, ``Optional[LoRAMemoryPool]``,
+    ``"LoRABatchInfo"``), by the names the module imports from SGLang."""
+    if annotation is None:
+        return ()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return annotated_classes(ast.parse(annotation.value, mode="eval").body, imported)
+    found = []
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id in imported:
+            found.append(imported[node.id])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not annotation:
+            found.extend(annotated_classes(node, imported))
+    return tuple(dict.fromkeys(found))
+
+
+def annotated_receivers(tree: ast.AST, imported: dict[str, str], function: ast.AST | None = None) -> dict[str, tuple[str, ...]]:
+    """Expression -> SGLang classes from annotations: ``function``'s parameters, and ``self.x``
+    (or names) annotated anywhere in ``tree``."""
+    typed = {}
+    if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        arguments = function.args
+        for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
+            classes = annotated_classes(arg.annotation, imported)
+            if classes:
+                typed[arg.arg] = classes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and dotted(node.target):
+            classes = annotated_classes(node.annotation, imported)
+            if classes:
+                typed[dotted(node.target)] = classes
+    return typed
+
+
 def receivers_of(tree: ast.AST, module: str, function: str | None = None) -> dict[str, tuple[str, ...]]:
     """Expression -> SGLang class paths, for one module (or one function of it)."""
     typed = {}
@@ -121,10 +173,9 @@ def receivers_of(tree: ast.AST, module: str, function: str | None = None) -> dic
         scope, _, expression = name.rpartition(":")
         if scope in ("", function):
             typed[expression] = (classes,) if isinstance(classes, str) else classes
+    for alias, path in sglang_imports(tree).items():
+        typed[alias] = (path,)
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sglang":
-            for alias in node.names:
-                typed[alias.asname or alias.name] = (f"{node.module}.{alias.name}",)
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             names, values = node.targets[0], node.value
             pairs = (
@@ -145,6 +196,15 @@ def attribute_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Itera
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and dotted(node.value) in typed:
             yield typed[dotted(node.value)], node.attr, node.lineno
+        if (
+            isinstance(node, ast.Call)
+            and dotted(node.func) in ("dataclasses.replace", "replace")
+            and node.args
+            and dotted(node.args[0]) in typed
+        ):
+            for keyword in node.keywords:
+                if keyword.arg:
+                    yield typed[dotted(node.args[0])], keyword.arg, node.lineno
         if (
             isinstance(node, ast.Call)
             and dotted(node.func) in ("getattr", "hasattr", "setattr")
@@ -202,15 +262,80 @@ def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterat
                 yield parent, node.attr, node.lineno, ()
 
 
+def table_uses(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """``(constant, line)`` for each ``targets.X`` (or name imported from ``targets``) in ``tree``
+    that is a dotted SGLang name (a string constant of the table)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and dotted(node.value) == "targets":
+            yield node.attr, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module == "sglang_xpu_lora.upstream.targets":
+            for alias in node.names:
+                yield alias.name, node.lineno
+
+
+def functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def parameter_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    arguments = function.args
+    return [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+
+
+def receiver_names(source: Path) -> set[str]:
+    """The names that hold SGLang objects somewhere in ``source``: the plain names of
+    :data:`RECEIVERS` and every parameter annotated with an SGLang class."""
+    names = {expression.rpartition(":")[2] for entries in RECEIVERS.values() for expression in entries}
+    for path in sorted(source.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = sglang_imports(tree)
+        for function in functions(tree):
+            names |= set(annotated_receivers(ast.Module(body=[], type_ignores=[]), imported, function))
+    return {name for name in names if "." not in name and name != "m"}
+
+
+def untyped_receivers(source: Path) -> list[str]:
+    """Every function parameter of ``source`` that bears a name other modules give an SGLang object
+    (:func:`receiver_names`) and whose attributes the function reads, but that is neither annotated
+    with an SGLang class nor listed in :data:`RECEIVERS`: the reads on it would go unchecked."""
+    names, problems = receiver_names(source), []
+    for path in sorted(source.rglob("*.py")):
+        module = path.relative_to(source).as_posix()
+        if module.startswith("upstream/"):
+            continue
+        tree = ast.parse(path.read_text())
+        imported, typed = sglang_imports(tree), receivers_of(tree, module)
+        for function in functions(tree):
+            scope = {**typed, **receivers_of(function, module, function.name),
+                     **annotated_receivers(function, imported, function)}
+            for name in parameter_names(function):
+                if name in names and name not in scope and any(
+                    isinstance(n, ast.Attribute) and dotted(n.value) == name and n.attr not in TORCH_MODULE_ATTRIBUTES
+                    for n in ast.walk(function)
+                ):
+                    problems.append(
+                        f"{module}:{function.lineno}: {function.name}() reads attributes of `{name}`, a name "
+                        "that holds an SGLang object elsewhere: annotate it with the SGLang class (imported "
+                        "under TYPE_CHECKING) so its reads are checked, or give it another name"
+                    )
+    return problems
+
+
 def surface_problems(source: Path) -> list[str]:
     """Every use of an SGLang name in ``source`` that the table does not list."""
     listed = set(targets.ALL)
     problems = []
     for path in sorted(source.rglob("*.py")):
         module = path.relative_to(source).as_posix()
+        tree = ast.parse(path.read_text())
+        if module != "upstream/targets.py":
+            for name, line in table_uses(tree):
+                value = getattr(targets, name, None)
+                if isinstance(value, str) and value not in listed:
+                    problems.append(f"{module}:{line}: targets.{name} ({value}) is not in targets.ALL")
         if module.startswith("upstream/"):
             continue
-        tree = ast.parse(path.read_text())
+        imported = sglang_imports(tree)
         docstrings = {
             id(n.body[0].value)
             for n in ast.walk(tree)
@@ -237,10 +362,12 @@ def surface_problems(source: Path) -> list[str]:
                 and node.value not in ENTRY_POINT_GROUPS
             ):
                 problems.append(f"{module}:{node.lineno}: {node.value!r} is not in targets.ALL")
-        typed = receivers_of(tree, module)
+        typed = {**receivers_of(tree, module), **annotated_receivers(tree, imported)}
         uses = set(attribute_uses(tree, typed))
-        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            uses |= set(attribute_uses(function, {**typed, **receivers_of(function, module, function.name)}))
+        for function in functions(tree):
+            scope = {**typed, **receivers_of(function, module, function.name),
+                     **annotated_receivers(function, imported, function)}
+            uses |= set(attribute_uses(function, scope))
         for classes, attribute, line in sorted(uses, key=lambda use: use[2]):
             if attribute in TORCH_MODULE_ATTRIBUTES:
                 continue
@@ -265,6 +392,10 @@ def test_every_sglang_name_the_source_uses_is_in_the_table():
     assert surface_problems(SOURCE) == []
 
 
+def test_every_name_that_holds_an_sglang_object_is_typed():
+    assert untyped_receivers(SOURCE) == []
+
+
 @pytest.mark.parametrize(
     ("table", "key", "entry", "expected"),
     [
@@ -278,6 +409,17 @@ def test_every_sglang_name_the_source_uses_is_in_the_table():
         ("MODEL_ATTRIBUTES", None, "w_kc", "backend/outside_lora_math.py:"),
         ("ALL", None, targets.LORA_BATCH_LAYOUT, "backend/xpu.py:"),
         ("ALL", None, targets.LOAD_PLUGINS, "doctor.py:"),
+        # reads through annotated parameters (batch binding, trial captures)
+        ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "num_segments", "providers/batch_binding.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "scalings", "providers/batch_binding.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "dtype", "providers/capture_probe.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "max_lora_rank", "providers/capture_probe.py:"),
+        # names used only through resolve(targets.X), at their first call deep inside a hook
+        ("ALL", None, targets.FUSED_MOE, "backend/outside_lora_math.py:"),
+        ("ALL", None, targets.GET_LORA, "patches/unload_final.py:"),
+        ("ALL", None, targets.RESOLVING_VIEW, "patches/validation.py:"),
+        ("ALL", None, targets.GET_NORMALIZED_TARGET_MODULES, "patches/adapter_checks.py:"),
+        ("ALL", None, targets.AUTO_DETECT_LORA_TARGET_MODULES, "patches/adapter_checks.py:"),
     ],
 )
 def test_a_missing_entry_is_reported(monkeypatch, table, key, entry, expected):
@@ -294,3 +436,28 @@ def test_a_missing_entry_is_reported(monkeypatch, table, key, entry, expected):
     problems = surface_problems(SOURCE)
     assert problems and all(entry in p or entry.rsplit(".", 1)[-1] in p for p in problems), problems
     assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_the_table_lists_every_constant_of_its_module():
+    """``ALL`` is derived: every public dotted name of :mod:`targets` is in it, once."""
+    constants = [v for k, v in vars(targets).items() if k.isupper() and not k.startswith("_") and isinstance(v, str)]
+    assert targets.ALL == tuple(constants) and len(set(targets.ALL)) == len(targets.ALL)
+
+
+@pytest.mark.parametrize(
+    ("module", "annotated", "plain", "function"),
+    [
+        ("providers/batch_binding.py", "info: LoRABatchInfo) -> dict", "info) -> dict", "batch_arguments()"),
+        ("providers/capture_probe.py", "pool: Optional[LoRAMemoryPool] = None", "pool=None", "for_graph_setup()"),
+    ],
+)
+def test_an_untyped_receiver_is_reported(tmp_path, module, annotated, plain, function):
+    """The completeness rule: a copy of the source in which a module no longer annotates the SGLang
+    object it reads (as if it were new and outside :data:`RECEIVERS`) fails, naming the function."""
+    copy = tmp_path / "sglang_xpu_lora"
+    shutil.copytree(SOURCE, copy)
+    text = (copy / module).read_text()
+    assert text.count(annotated) == 1
+    (copy / module).write_text(text.replace(annotated, plain))
+    problems = untyped_receivers(copy)
+    assert len(problems) == 1 and problems[0].startswith(f"{module}:") and function in problems[0], problems

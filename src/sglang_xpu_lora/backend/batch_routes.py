@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from sglang_xpu_lora.providers import slice_layout, triton_ops
 from sglang_xpu_lora.providers.torch_routing.cache import capturing
+
+if TYPE_CHECKING:
+    from sglang.srt.lora.utils import LoRABatchInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +111,12 @@ class ChunkedRouting:
     """The chunk segments of one permuted batch and the batch infos SGLang's chunked kernels read,
     per row count (``max_len`` = the chunk size, the kernels' block rows)."""
 
-    def __init__(self, kernel_info, indptr: torch.Tensor, weight_indices: torch.Tensor, num_slots: int, rule: ChunkedDecodeRule):
-        self._kernel_info, self._indptr, self._weight_indices = kernel_info, indptr, weight_indices
+    def __init__(
+        self, kernel_info: LoRABatchInfo, indptr: torch.Tensor, weight_indices: torch.Tensor, num_slots: int,
+        rule: ChunkedDecodeRule,
+    ):
+        self._kernel_info: LoRABatchInfo = kernel_info
+        self._indptr, self._weight_indices = indptr, weight_indices
         self._num_slots, self.rule = num_slots, rule
         self._infos: dict = {}
 

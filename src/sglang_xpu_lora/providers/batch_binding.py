@@ -27,11 +27,14 @@ bound ops (no process state: another backend's batches have their own).
 from __future__ import annotations
 
 import types
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from sglang_xpu_lora.providers.torch_routing.cache import RoutingCache
+
+if TYPE_CHECKING:
+    from sglang.srt.lora.utils import LoRABatchInfo
 
 #: Per-call parameters of each batch-bound op, in call order (names as in :mod:`.base`).
 BOUND_PARAMETERS = {
@@ -57,7 +60,7 @@ CHUNKED_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 EXPAND_OPS = ("sgemm_lora_b_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "chunked_sgmv_lora_expand_fwd")
 
 
-def batch_arguments(op: str, info) -> dict:
+def batch_arguments(op: str, info: LoRABatchInfo) -> dict:
     """The keyword arguments of ``op`` that ``info`` (SGLang's ``LoRABatchInfo``) fixes for the
     batch, ``permutation`` aside: the index tensors, ``scalings`` for expands, ``num_segments`` for
     the chunked ops and ``batch_info`` (read by the Triton ops only)."""
@@ -69,7 +72,7 @@ def batch_arguments(op: str, info) -> dict:
     return fixed
 
 
-def bind_keywords(op: str, fn: Callable[..., torch.Tensor], info, routing: Optional[RoutingCache] = None) -> Callable[..., torch.Tensor]:
+def bind_keywords(op: str, fn: Callable[..., torch.Tensor], info: LoRABatchInfo, routing: Optional[RoutingCache] = None) -> Callable[..., torch.Tensor]:
     """``fn``, an op with the interface's keyword signature plus ``batch_info`` (an op-table entry
     of the native or portable provider), bound to the batch ``info``: the result takes the
     per-call arguments of :data:`BOUND_PARAMETERS` ``[op]`` positionally.
@@ -123,7 +126,7 @@ def bind_uniform_bands(bands: int, expand: Callable[..., torch.Tensor], uniform_
     return two_bands
 
 
-def bind_table(table: types.SimpleNamespace, choices: dict, info, uniform_offsets, names) -> types.SimpleNamespace:
+def bind_table(table: types.SimpleNamespace, choices: dict, info: LoRABatchInfo, uniform_offsets, names) -> types.SimpleNamespace:
     """The ops of :data:`BOUND_PARAMETERS` and the forms of :data:`UNIFORM_BAND_FORMS` named in
     ``names`` (a form needs ``chunked_sgmv_lora_expand_fwd`` named too) of the op table ``table``,
     bound to the batch ``info``; the ops of providers that cache routing

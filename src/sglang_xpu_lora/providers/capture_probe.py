@@ -52,11 +52,14 @@ import itertools
 import logging
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from sglang_xpu_lora.settings import GRAPH_NATIVE_ENV
+
+if TYPE_CHECKING:
+    from sglang.srt.lora.mem_pool import LoRAMemoryPool
 
 GRAPH_NATIVE_CHOICES = ("probe", "never", "always")
 
@@ -112,12 +115,17 @@ class ProbeCase:
     dtype: torch.dtype
 
     @classmethod
-    def for_graph_setup(cls, device, tokens: int, slots: int, pool: Any = None) -> "ProbeCase":
-        """The case of a graph set-up: sizes from SGLang's call, rank and dtype from ``pool`` (a
-        ``LoRAMemoryPool``; when it is unknown: rank 16 and bfloat16, float32 on CPU)."""
+    def for_graph_setup(cls, device, tokens: int, slots: int, pool: Optional[LoRAMemoryPool] = None) -> "ProbeCase":
+        """The case of a graph set-up: sizes from SGLang's call, rank and dtype from ``pool``
+        (SGLang's ``LoRAMemoryPool``; when it is unknown, None: rank 16 and bfloat16, float32 on
+        CPU). A pool is read as it is: one without ``dtype`` or ``max_lora_rank`` raises
+        AttributeError rather than trying in another dtype than the graphs run in."""
         device = torch.device(device)
-        dtype = getattr(pool, "dtype", None) or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-        return cls(device, max(1, tokens), max(1, slots), max(1, getattr(pool, "max_lora_rank", None) or 16), dtype)
+        if pool is None:
+            rank, dtype = 16, torch.float32 if device.type == "cpu" else torch.bfloat16
+        else:
+            rank, dtype = pool.max_lora_rank, pool.dtype
+        return cls(device, max(1, tokens), max(1, slots), max(1, rank), dtype)
 
     def describe(self) -> str:
         return f"{self.tokens} tokens, {self.slots} slots, rank {self.max_rank}, {str(self.dtype).replace('torch.', '')}"

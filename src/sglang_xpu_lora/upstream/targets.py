@@ -1,6 +1,7 @@
 """Every SGLang name sglang-xpu-lora imports, patches, overrides or reads, spelled once.
 
-* :data:`ALL`: modules' functions, classes and hook targets, resolved by dotted path;
+* :data:`ALL`: modules' functions, classes and hook targets, resolved by dotted path (every
+  public string constant of this module);
 * :data:`REQUIRED_PARAMETERS`: the parameters the plugin passes or receives by name (also those of
   the parent methods ``IntelXpuLoRABackend`` overrides);
 * :data:`REQUIRED_ATTRIBUTES`: per SGLang class, the attributes the plugin reads, sets, inherits or
@@ -126,84 +127,11 @@ LINEAR_BASE = "sglang.srt.layers.linear.LinearBase"
 QKV_PARALLEL_LINEAR = "sglang.srt.layers.linear.QKVParallelLinear"
 MERGED_COLUMN_PARALLEL_LINEAR = "sglang.srt.layers.linear.MergedColumnParallelLinear"
 
-ALL = (
-    LORA_BACKEND_REGISTRY,
-    REGISTER_LORA_BACKEND,
-    SERVER_ARGS,
-    SERVER_ARGS_RESOLVE_ONCE,
-    SERVER_ARGS_FIELD_ARG,
-    CHECK_LORA_SERVER_ARGS,
-    RESOLVING_VIEW,
-    HANDLE_MISSING_DEFAULT_VALUES,
-    GET_DEVICE,
-    LORA_MANAGER_INIT_MEMORY_POOL,
-    POOL_LOAD_WEIGHTS,
-    POOL_CLEAR_SLOT,
-    LORA_MANAGER_VALIDATE_NEW_ADAPTER,
-    LORA_MANAGER_LOAD_ADAPTER,
-    LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS,
-    LORA_MANAGER_PREPARE_LORA_BATCH,
-    LORA_ADAPTER_INIT,
-    LORA_ADAPTER_INITIALIZE_WEIGHTS,
-    LORA_ADAPTER_INITIALIZE_WEIGHTS_FROM_TENSORS,
-    LORA_ADAPTER_NORMALIZE_WEIGHTS,
-    GET_LORA,
-    GET_NORMALIZED_TARGET_MODULES,
-    AUTO_DETECT_LORA_TARGET_MODULES,
-    KNOWN_LORA_TARGET_MODULES,
-    FILTER_FILES_NOT_NEEDED_FOR_INFERENCE,
-    SET_ENVS_AND_CONFIG,
-    WAIT_FOR_SCHEDULER_READY,
-    SCHEDULER_INIT,
-    KILL_PROCESS_TREE,
-    TOKENIZER_MANAGER,
-    TOKENIZER_RESOLVE_LORA_PATH,
-    TOKENIZER_CONTROL_MIXIN,
-    TOKENIZER_UNLOAD_LORA_ADAPTER,
-    TOKENIZER_LOAD_LORA_ADAPTER,
-    LORA_REGISTRY,
-    LORA_REGISTRY_RELEASE,
-    UNLOAD_LORA_ADAPTER_REQ_INPUT,
-    GENERATE_REQ_INPUT,
-    GENERATE_REQ_NORMALIZE,
-    GENERATE_REQ_NORMALIZE_LORA_PATHS,
-    EMBEDDING_REQ_INPUT,
-    EMBEDDING_REQ_NORMALIZE,
-    VOCAB_PARALLEL_EMBEDDING,
-    PARALLEL_LM_HEAD,
-    LOGITS_PROCESSOR_FORWARD,
-    VOCAB_PARALLEL_EMBEDDING_WITH_LORA,
-    TRITON_BACKEND,
-    TRITON_PREPARE_LORA_BATCH,
-    TRITON_SGEMM_INFO,
-    TRITON_INIT_PREFILL_GRAPH_INFO,
-    TRITON_INIT_DECODE_GRAPH_INFO,
-    LORA_BATCH_INFO,
-    TRITON_EMBEDDING_LORA_A,
-    TRITON_SGEMM_LORA_A,
-    TRITON_SGEMM_LORA_B,
-    TRITON_QKV_LORA_B,
-    TRITON_GATE_UP_LORA_B,
-    TRITON_CHUNKED_SGMV_SHRINK,
-    TRITON_CHUNKED_SGMV_EXPAND,
-    FUSED_MOE,
-    LORA_BATCH_LAYOUT,
-    PREFILL_GRAPH_RUNNER_INIT,
-    HOOK_REGISTRY,
-    HOOK_TYPE,
-    LOAD_PLUGINS,
-    CONFIGURE_LOGGER,
-    LORA_MANAGER,
-    LORA_MEMORY_POOL,
-    LORA_ADAPTER,
-    LORA_LAYER,
-    LORA_CONFIG,
-    LORA_REF,
-    LORA_UPDATE_OUTPUT,
-    BASE_LAYER_WITH_LORA,
-    LINEAR_BASE,
-    QKV_PARALLEL_LINEAR,
-    MERGED_COLUMN_PARALLEL_LINEAR,
+#: Every dotted name above, in the order written: derived from this module (each public string
+#: constant), so a name added here is checked without being listed again.
+ALL = tuple(
+    value for name, value in dict(globals()).items()
+    if name.isupper() and not name.startswith("_") and isinstance(value, str)
 )
 
 #: Callables whose parameters the plugin passes or receives by name.
@@ -260,7 +188,8 @@ REQUIRED_ATTRIBUTES = {
         "base_model", "base_hf_config", "lora_backend", "memory_pool", "configs", "loras", "target_modules",
         "create_lora_update_result",
     ),
-    LORA_MEMORY_POOL: ("max_lora_rank", "_clear_buffer_slot_for_base"),
+    # The trial captures take their rank and value dtype (providers/capture_probe.py).
+    LORA_MEMORY_POOL: ("max_lora_rank", "dtype", "_clear_buffer_slot_for_base"),
     LORA_ADAPTER: ("config", "base_model", "base_hf_config", "layers", "embedding_layers", "scaling"),
     LORA_LAYER: ("weights",),
     LORA_CONFIG: ("r", "hf_config", "target_modules", "added_tokens_config"),
