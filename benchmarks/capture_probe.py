@@ -116,12 +116,12 @@ def layer_check(selection, mode: str, device: torch.device, quick: bool) -> dict
 def expected_eager(selection, verdicts: dict) -> dict:
     """The eager providers an emulated build with every op must get: native, except eager decode's
     permuted ops on Triton where Triton runs, unless their trial showed them sync-free
-    (``providers.selection.EAGER_DECODE_PREFERS_TRITON``)."""
+    (``providers.selection.EAGER_DECODE_AVOIDS_HOST_SYNCS``)."""
     from sglang_xpu_lora.providers import selection as rules
     from sglang_xpu_lora.providers import triton_ops
 
     def provider(op):
-        moved = rules.EAGER_DECODE_PREFERS_TRITON and triton_ops.PROVIDER in selection.providers and op in rules.DECODE_OPS
+        moved = rules.EAGER_DECODE_AVOIDS_HOST_SYNCS and triton_ops.PROVIDER in selection.providers and op in rules.DECODE_OPS
         return "triton" if moved and not verdicts[op].capture_safe else "native"
 
     return {op: provider(op) for op in selection.choices}
@@ -130,7 +130,7 @@ def expected_eager(selection, verdicts: dict) -> dict:
 def probe_build(build: str, device: torch.device, args) -> dict:
     """Steps 1-3 of the module docstring for ``build``, then step 4."""
     from sglang_xpu_lora import providers
-    from sglang_xpu_lora.providers import capture_probe, native
+    from sglang_xpu_lora.providers import capture_probe
 
     emulator = None
     if build != INSTALLED:
@@ -146,7 +146,7 @@ def probe_build(build: str, device: torch.device, args) -> dict:
         verdicts, trials = {}, []
         for setup, tokens in (("decode", args.decode_tokens), ("prefill", args.prefill_tokens)):
             case = capture_probe.ProbeCase(device, tokens, SLOTS, MAX_RANK, torch.bfloat16 if gpu else torch.float32)
-            found = probe.try_ops(before.graph_candidates, case, native.bind)
+            found = probe.try_ops(before.graph_candidates, case, before.bind_trial)
             trials += [{"setup": setup, "tokens": tokens, "op": op, "capture_safe": v.capture_safe, "reason": v.reason,
                         "ms": v.seconds * 1e3} for op, v in found.items()]
             verdicts = capture_probe.merge(verdicts, found)

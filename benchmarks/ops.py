@@ -419,7 +419,7 @@ def intel_xpu_selection(args, device: torch.device):
     args.graph_verdicts = None
     if selection.graph_candidates and device.type in GRAPH_DEVICES and not args.no_graphs:
         case = capture_probe.ProbeCase(device, 64, MAX_LORAS, 64, torch.bfloat16)
-        verdicts = capture_probe.CaptureProbe().try_ops(selection.graph_candidates, case, native.bind)
+        verdicts = capture_probe.CaptureProbe().try_ops(selection.graph_candidates, case, selection.bind_trial)
         args.graph_verdicts = {op: {"capture_safe": v.capture_safe, "reason": v.reason} for op, v in verdicts.items()}
         selection = choose(device, verdicts)
     args.intel_xpu_providers = {

@@ -96,10 +96,10 @@ def check_device(report: dict[str, Any], device: Optional[str]) -> None:
     ``intel_xpu`` is refused at argument resolution (:func:`~sglang_xpu_lora.patches.validation.device_refusal`)."""
     from sglang_xpu_lora.backend.registration import INTEL_XPU
     from sglang_xpu_lora.patches.validation import device_refusal
-    from sglang_xpu_lora.providers import native
+    from sglang_xpu_lora.providers import kernel_build
     from sglang_xpu_lora.upstream import devices
 
-    report["kernel_build"] = native.kernel_build()[1]
+    report["kernel_build"] = kernel_build()[1]
     given = device
     if given is None:
         device, why = devices.picked_device()
@@ -217,7 +217,7 @@ def capture_probe_report(selection, device: str) -> tuple[Any, dict]:
     """``(report entry, verdicts)``: on a device with graphs, each native op the selection would run
     inside graphs tried in a trial capture, as graph set-up does (:data:`PROBE_TOKENS` tokens,
     :data:`PROBE_SLOTS` slots); elsewhere, or with nothing to try, a sentence and no verdicts."""
-    from sglang_xpu_lora.providers import capture_probe, native
+    from sglang_xpu_lora.providers import capture_probe
 
     if not selection.graph_candidates:
         return "no native op to try inside graphs", {}
@@ -228,7 +228,7 @@ def capture_probe_report(selection, device: str) -> tuple[Any, dict]:
     if graphs is None:
         return f"not tried here ({why_not}): decided by a trial capture at graph set-up on the serving device", {}
     case = capture_probe.ProbeCase.for_graph_setup(device, PROBE_TOKENS, PROBE_SLOTS)
-    verdicts = capture_probe.CaptureProbe(graphs).try_ops(selection.graph_candidates, case, native.bind)
+    verdicts = capture_probe.CaptureProbe(graphs).try_ops(selection.graph_candidates, case, selection.bind_trial)
     rows = [{"op": op, "capture_safe": v.capture_safe, "reason": v.reason, "ms": round(v.seconds * 1e3, 3)} for op, v in verdicts.items()]
     return rows, verdicts
 

@@ -266,7 +266,7 @@ def test_eager_decode_rule_moves_the_host_syncing_permuted_ops_to_triton(emulate
         ruled = providers.select_ops("xpu")
         sync_free = {op: capture_probe.Verdict(op, True, "captured") for op in ALL}
         shown_sync_free = providers.select_ops("xpu", sync_free)
-        monkeypatch.setattr(selection, "EAGER_DECODE_PREFERS_TRITON", False)
+        monkeypatch.setattr(selection, "EAGER_DECODE_AVOIDS_HOST_SYNCS", False)
         off = providers.select_ops("xpu")
     assert by_provider(off.choices) == groups(native=ALL)
     assert by_provider(ruled.choices) == groups(native=ALL - decode, triton=decode)

@@ -283,3 +283,43 @@ def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_n
     assert all(any(a is backend._sgemm_info() for a in args) for _, args, _ in ours)
     for out, a, b, bands in outputs:
         torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
+
+
+def test_a_provider_with_chunked_decode_kernels_of_its_own_needs_only_its_descriptor(triton_backend, kernel_calls, monkeypatch):
+    """Adding a provider whose decode batches run chunked kernels of its own is one module (here a
+    class) plus one ``PROVIDERS`` entry: the backend runs its ``chunked_decode_kernels`` for the
+    permuted ops it serves, exact, and no other provider's."""
+    from sglang_xpu_lora.providers import base, selection, triton_ops
+
+    used = []
+
+    class Chunky(triton_ops.TritonProvider):
+        """SGLang's Triton ops, with the chunked-SGMV kernels as its own (counted)."""
+
+        def chunked_decode_kernels(self):
+            kernels = triton_ops.PROVIDER.chunked_decode_kernels()
+
+            def shrink(*args, **kwargs):
+                used.append("shrink")
+                return kernels.shrink(*args, **kwargs)
+
+            def expand(*args, **kwargs):
+                used.append("expand")
+                return kernels.expand(*args, **kwargs)
+
+            return base.ChunkedDecodeKernels(shrink, expand)
+
+    chunky = Chunky(name="chunky", title="Chunky", contracts_over_max_rank=False, expands_read_spaced_slices=False,
+                    shrink_feeds_only_own_expands=True)
+    monkeypatch.setattr(selection, "PROVIDERS", (chunky, *selection.PROVIDERS))
+    monkeypatch.setattr(selection, "SETTINGS", selection._settings())
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "chunky")
+    backend = triton_backend(1)
+    assert {c.provider for c in backend.op_selection.choices.values()} == {chunky}
+    slots = [1] * 17 + [2, 0, 2]
+    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+    x = torch.randn(len(slots), HIDDEN)
+    kernel_calls.clear()
+    for out, a, b, bands in run_modules(backend, x):
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
+    assert kernel_calls == CHUNKED and used == ["shrink", "expand"] * 3

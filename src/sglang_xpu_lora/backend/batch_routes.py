@@ -10,10 +10,11 @@ or graph set-up, so a ``run_*`` call looks up its :class:`BatchRoute` and calls 
   Triton provider, SGLang's kernels are called as ``TritonLoRABackend`` calls them);
 * which op serves each module, and whether its input needs the slice gather of the native and
   portable multi-slice expands, decided once per route;
-* for the permuted ops served by SGLang's Triton kernels, the choice between its dense kernels
-  (``sgemm_lora_a_fwd`` and the B kernels, over one segment per slot) and its chunked-SGMV kernels
-  (the ``csgmv`` backend's, over segments of at most ``chunk_size`` tokens,
-  :func:`chunk_segments`), by a host integer only: the op's row count (:class:`ChunkedDecodeRule`),
+* for the permuted ops served by a provider with chunked kernels of its own
+  (``Provider.chunked_decode_kernels``; Triton: SGLang's), the choice between its dense kernels
+  (for Triton ``sgemm_lora_a_fwd`` and the B kernels, over one segment per slot) and its chunked
+  ones (for Triton the ``csgmv`` backend's chunked-SGMV kernels, over segments of at most
+  ``chunk_size`` tokens, :func:`chunk_segments`), by a host integer only: the op's row count (:class:`ChunkedDecodeRule`),
   fixed per captured graph, so the choice is the same at capture and replay. Shrink and expand of
   a module always take the same branch (same rule, same rows), so the chunked expand reads a chunked
   shrink's output and the dense expand a dense shrink's (both write the packed intermediate
@@ -32,8 +33,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from sglang_xpu_lora.providers import slice_layout, triton_ops
-from sglang_xpu_lora.providers.torch_routing.cache import capturing
+from sglang_xpu_lora.providers import slice_layout
+from sglang_xpu_lora.providers.base import ChunkedDecodeKernels
+from sglang_xpu_lora.providers.graph_capture import capturing
 
 if TYPE_CHECKING:
     from sglang.srt.lora.utils import LoRABatchInfo
@@ -41,8 +43,8 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class ChunkedDecodeRule:
-    """When a permuted (decode) batch on the Triton provider runs SGLang's chunked-SGMV kernels
-    rather than its dense ones: from ``min_tokens`` rows on (None: never), in chunks of
+    """When a permuted (decode) batch whose provider has chunked kernels (Triton: SGLang's
+    chunked-SGMV kernels) runs them rather than its dense ones: from ``min_tokens`` rows on (None: never), in chunks of
     ``chunk_size`` tokens (16, 32, 64 or 128: the kernels' ``BLOCK_M``; SGLang's ``csgmv`` backend
     uses 16 by default, ``--max-lora-chunk-size``)."""
 
@@ -108,16 +110,17 @@ def chunk_segments(
 
 
 class ChunkedRouting:
-    """The chunk segments of one permuted batch and the batch infos SGLang's chunked kernels read,
-    per row count (``max_len`` = the chunk size, the kernels' block rows)."""
+    """The chunk segments of one permuted batch, the chunked kernels that run them (``kernels``, of
+    the provider serving the batch's permuted ops) and the batch infos they read, per row count
+    (``max_len`` = the chunk size, the kernels' block rows)."""
 
     def __init__(
         self, kernel_info: LoRABatchInfo, indptr: torch.Tensor, weight_indices: torch.Tensor, num_slots: int,
-        rule: ChunkedDecodeRule,
+        rule: ChunkedDecodeRule, kernels: ChunkedDecodeKernels,
     ):
         self._kernel_info: LoRABatchInfo = kernel_info
         self._indptr, self._weight_indices = indptr, weight_indices
-        self._num_slots, self.rule = num_slots, rule
+        self._num_slots, self.rule, self.kernels = num_slots, rule, kernels
         self._infos: dict = {}
 
     def batch_info(self, rows: int):
@@ -168,8 +171,8 @@ class BatchRoute:
 
     Which op serves each, decided here once: contiguous batches (``info.permutation`` None) the
     prefill ops (``qkv_lora_b_fwd`` for exactly 3 slices, the chunked expand for other counts),
-    permuted ones the chunked ops, or with ``chunked`` (:class:`ChunkedRouting`, Triton only)
-    SGLang's chunked-SGMV kernels from the rule's row count on, shrink and expand alike. Where the
+    permuted ones the chunked ops, or with ``chunked`` (:class:`ChunkedRouting`, a provider with
+    chunked kernels) those kernels from the rule's row count on, shrink and expand alike. Where the
     op serving a multi-slice expand reads spaced slices (``spaced``, native and portable ops), its
     input goes through :func:`slice_layout.spaced_slices` first, with an index built once per row
     count and slice count in this batch (one built while a graph is being captured is kept apart:
@@ -194,7 +197,7 @@ class BatchRoute:
     ):
         if chunked is not None and "chunked_sgmv_lora_expand_fwd" in spaced:
             raise ValueError(
-                "the chunked-SGMV kernels are Triton's: a route whose chunked expand reads spaced slices cannot chunk"
+                "the chunked kernels read packed slices: a route whose chunked expand reads spaced slices cannot chunk"
             )
         self.info, self.permuted = info, info.permutation is not None
         self._ops, self._spaced, self._chunked, self._uniform_offsets = ops, spaced, chunked, uniform_offsets
@@ -251,13 +254,13 @@ class BatchRoute:
     def _shrink_csgmv(self, x, weights, num_slices):
         rows = x.shape[0]
         if self._chunked.rule.applies(rows):
-            return triton_ops.csgmv_shrink_fwd(x, weights, num_slices, batch_info=self._chunked.batch_info(rows))
+            return self._chunked.kernels.shrink(x, weights, num_slices, batch_info=self._chunked.batch_info(rows))
         return self._ops.chunked_sgmv_lora_shrink_fwd(x, weights, num_slices)
 
     def _expand_slices_csgmv(self, x, weights, slice_offsets, max_slice_size, num_slices, base_output):
         rows = x.shape[0]  # the shrink's rows: both take the same branch
         if self._chunked.rule.applies(rows):
-            return triton_ops.csgmv_expand_fwd(
+            return self._chunked.kernels.expand(
                 x, weights, slice_offsets, max_slice_size, base_output, batch_info=self._chunked.batch_info(rows)
             )
         return self._ops.chunked_sgmv_lora_expand_fwd(x, weights, slice_offsets, max_slice_size, num_slices, base_output)

@@ -25,8 +25,8 @@ Per-op work is prepared once per batch (:mod:`sglang_xpu_lora.backend.batch_rout
 ``run_*`` call looks up the :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` of its batch
 info and calls its module callables (the table's ops bound to the batch, the slice gather decided
 per route), passing only the module's tensors and host integers; for
-permuted batches on the Triton provider the route may run SGLang's chunked-SGMV kernels instead of
-its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
+permuted batches whose provider has chunked kernels (Triton: SGLang's chunked-SGMV kernels) the
+route may run those instead of its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -57,10 +57,9 @@ from sglang_xpu_lora.backend.batch_routes import (
     chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
-from sglang_xpu_lora.providers import SelectionLog, capture_probe, native, select_ops, triton_ops
-from sglang_xpu_lora.providers.batch_binding import CHUNKED_OPS, batch_arguments
-from sglang_xpu_lora.providers.triton_ops import triton_support
-from sglang_xpu_lora.providers.torch_routing.cache import capturing
+from sglang_xpu_lora.providers import SelectionLog, capture_probe, select_ops, triton_support
+from sglang_xpu_lora.providers.batch_binding import batch_arguments
+from sglang_xpu_lora.providers.graph_capture import capturing
 from sglang_xpu_lora.settings import KERNELS_ENV
 
 
@@ -94,7 +93,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     #: ``srt/lora/layers.py``), and the decode graph runner records a second, ``nolora`` graph per
     #: batch size and replays it for such batches (``record_nolora_graph``), as for ``triton_v2``.
     skip_inactive_dense_lora = True
-    #: When permuted (decode) batches on the Triton provider run SGLang's chunked-SGMV kernels
+    #: When permuted (decode) batches run their provider's chunked kernels (Triton's chunked-SGMV)
     #: (:class:`~sglang_xpu_lora.backend.batch_routes.ChunkedDecodeRule`; off until the op
     #: benchmark shows where they win, docs/performance.md).
     chunked_decode_rule = ChunkedDecodeRule()
@@ -227,7 +226,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         if not selection.graph_candidates or capture_probe.graph_native_choice() != "probe":
             return
         case = capture_probe.ProbeCase.for_graph_setup(self.device, tokens, self.max_loras_per_batch, self.lora_memory_pool)
-        verdicts = self.capture_probe.try_ops(selection.graph_candidates, case, native.bind)
+        verdicts = self.capture_probe.try_ops(selection.graph_candidates, case, selection.bind_trial)
         self._graph_verdicts = capture_probe.merge(self._graph_verdicts, verdicts)
         self.op_selection = select_ops(self.device, self._graph_verdicts, log=self.selection_log)
 
@@ -316,11 +315,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         return BatchRoute(info, ops, spaced, self._uniform_offsets, chunked)
 
     def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
-        """Whether a permuted batch of up to ``max_rows`` rows may run the chunked kernels: the rule
-        applies to that many rows and the permuted ops of the table are Triton's."""
-        choices = self.op_selection.choices_for(use_graph)
-        chunked_kernels_serve = all(choices[op].provider is triton_ops.PROVIDER for op in CHUNKED_OPS)
-        return self.chunked_decode_rule.applies(max_rows) and chunked_kernels_serve
+        """Whether a permuted batch of up to ``max_rows`` rows may run chunked kernels: the rule
+        applies to that many rows and the provider of the table's permuted ops has its own
+        (``OpSelection.chunked_decode_kernels``: SGLang's chunked-SGMV kernels for Triton)."""
+        kernels = self.op_selection.chunked_decode_kernels(use_graph)
+        return self.chunked_decode_rule.applies(max_rows) and kernels is not None
 
     def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
         """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
@@ -335,7 +334,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         else:
             count = max_chunks(info.max_len, num_slots, rule.chunk_size)
             indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
-        return ChunkedRouting(info, indptr, slots, num_slots, rule)
+        kernels = self.op_selection.chunked_decode_kernels(info.use_cuda_graph)
+        return ChunkedRouting(info, indptr, slots, num_slots, rule, kernels)
 
     def _uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and

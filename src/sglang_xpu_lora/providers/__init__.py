@@ -36,6 +36,7 @@ from sglang_xpu_lora.providers.selection import (
     runs_on_device,
     select_ops,
 )
+from sglang_xpu_lora.providers.native import kernel_build
 from sglang_xpu_lora.providers.triton_ops import triton_support
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "OpSelection",
     "SelectionLog",
     "choose",
+    "kernel_build",
     "kernels_choice",
     "logger",
     "portable_kernels_selected",

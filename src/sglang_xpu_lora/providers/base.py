@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Callable, Mapping, Optional, Protocol, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol, Union
 
 import torch
 
@@ -259,7 +259,14 @@ class Provider:
         shrink_feeds_only_own_expands: its shrinks leave rows and columns unwritten that only its
             own expands skip, so every expand reading its shrink's output is served by it too.
         capture_by_trial: whether its ops may run inside graphs is decided per op by a trial
-            capture at graph set-up (:mod:`.capture_probe`); otherwise its ops are capture-safe.
+            capture at graph set-up (:mod:`.capture_probe`, which calls :meth:`bind_trial`);
+            otherwise its ops are capture-safe.
+        may_sync_with_host: its ops may read device memory on the host (synchronise) in eager
+            mode, unless a trial capture showed them sync-free; in eager decode under ``auto``
+            a provider with ``avoids_host_syncs_in_eager_decode`` then serves the permuted ops.
+        avoids_host_syncs_in_eager_decode: its permuted (decode) ops never synchronise with the
+            host and cost less than a syncing provider's in eager decode, so they replace those of
+            a provider that ``may_sync_with_host`` (:data:`.selection.EAGER_DECODE_AVOIDS_HOST_SYNCS`).
         last_resort: it runs anywhere and serves what nothing else serves (slowly): choosing it
             is logged as a warning, and it alone never lets ``intel_xpu`` run off ``xpu``.
         caches_routing: its ops take a keyword-only ``routing``, the batch's
@@ -273,6 +280,8 @@ class Provider:
     expands_read_spaced_slices: bool
     shrink_feeds_only_own_expands: bool = False
     capture_by_trial: bool = False
+    may_sync_with_host: bool = False
+    avoids_host_syncs_in_eager_decode: bool = False
     last_resort: bool = False
     caches_routing: bool = False
 
@@ -295,3 +304,33 @@ class Provider:
         """Its own binding of op (or chunked-expand form) ``name`` to one batch
         (:mod:`.batch_binding`), or None for the keyword binding every provider gets."""
         return None
+
+    def bind_trial(self, kernel: Any) -> Callable[..., torch.Tensor]:
+        """The call a trial capture makes of ``kernel`` (its :attr:`Offer.kernel`): the op with the
+        interface's keyword arguments (:mod:`.capture_probe`). Only for ``capture_by_trial``.
+
+        Raises:
+            NotImplementedError: for a provider whose capture safety is not decided by trial.
+        """
+        raise NotImplementedError(f"the {self.name} provider is not captured by trial")
+
+    def chunked_decode_kernels(self) -> Optional[ChunkedDecodeKernels]:
+        """Its own kernels over chunk segments for permuted (decode) batches, which the backend may
+        run instead of its permuted ops when it serves both of them
+        (``backend.batch_routes.ChunkedDecodeRule``); None when it has none."""
+        return None
+
+
+class ChunkedDecodeKernels(NamedTuple):
+    """A provider's kernels over chunk segments (SGLang's chunked-SGMV ones for Triton), called
+    with a batch info of chunk segments (``batch_info``, SGLang's ``LoRABatchInfo`` with
+    ``max_len`` the chunk size):
+
+    * ``shrink(x, weights, num_slices, *, batch_info)``: x ``(s, K)``, weights
+      ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``, packed (slice ``p`` at ``p * rank``);
+    * ``expand(x, weights, slice_offsets, max_slice_size, base_output, *, batch_info)``: the
+      shrink's output -> ``(s, N)``, added into ``base_output`` when given.
+    """
+
+    shrink: Callable[..., torch.Tensor]
+    expand: Callable[..., torch.Tensor]

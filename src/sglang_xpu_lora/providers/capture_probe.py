@@ -263,9 +263,10 @@ class CaptureProbe:
         return (self._graphs, "") if self._graphs is not None else device_graphs(device.type)
 
     def try_ops(self, candidates: dict[str, Any], case: ProbeCase, bind: Callable[[Any], Callable]) -> dict[str, Verdict]:
-        """Verdicts for ``candidates`` (op -> :class:`.native.KernelOp`) on ``case``, each op tried
-        once per case (cached); ``bind`` makes a kernel's provider-interface call
-        (:func:`.native.bind`). Logs one line per new trial."""
+        """Verdicts for ``candidates`` (op -> what a trial binds,
+        :attr:`.selection.OpSelection.graph_candidates`) on ``case``, each op tried once per case
+        (cached); ``bind`` makes a kernel's provider-interface call
+        (:meth:`.selection.OpSelection.bind_trial`). Logs one line per new trial."""
         verdicts = {}
         for op, kernel in candidates.items():
             key = (op, getattr(kernel, "kernel_name", None), case)

@@ -14,8 +14,9 @@ every build seen so far validates inputs on the host with ``.item()``/``.cpu()``
 a trial capture at graph set-up (:mod:`.capture_probe`), or by ``SGLANG_XPU_LORA_GRAPH_NATIVE``.
 
 :data:`PROVIDER` describes the provider to the selection: its ops contract over the full
-``max_rank`` (zeroed pool slots), its multi-slice expands read slice ``p`` at ``p * max_rank``, and
-its capture safety is decided by trial.
+``max_rank`` (zeroed pool slots), its multi-slice expands read slice ``p`` at ``p * max_rank``, its
+capture safety is decided by trial (:meth:`NativeProvider.bind_trial`), and its ops may sync with
+the host in eager mode.
 """
 
 from __future__ import annotations
@@ -180,7 +181,11 @@ class NativeProvider(Provider):
             f"{MINIMUM_BUILD[op]} or newer, or set {KERNELS_ENV}=auto to use another provider for it"
         )
 
+    def bind_trial(self, kernel: KernelOp) -> Callable[..., torch.Tensor]:
+        return bind(kernel)
+
 
 PROVIDER = NativeProvider(
-    name="native", title="native op", contracts_over_max_rank=True, expands_read_spaced_slices=True, capture_by_trial=True,
+    name="native", title="native op", contracts_over_max_rank=True, expands_read_spaced_slices=True,
+    capture_by_trial=True, may_sync_with_host=True,
 )

@@ -20,8 +20,8 @@ How: every provider describes itself once, in its own module (``PROVIDER``, a
 :class:`.base.Provider`: what it offers per op on a device, capture safety, its contract flags);
 each setting is an ordered list of them per mode (:data:`SETTINGS`), and :func:`choose` gives
 each op the first provider in the list that offers it (inside graphs: that offers it
-capture-safe). Nothing here names a provider except the eager-decode rule below, which is about
-Triton.
+capture-safe). Nothing here names a provider: the eager-decode rule below reads the descriptors'
+``may_sync_with_host`` and ``avoids_host_syncs_in_eager_decode``.
 
 Pairing: a provider whose shrinks leave rows unwritten that only its own expands skip
 (``shrink_feeds_only_own_expands``: SGLang's Triton kernels, :mod:`.triton_ops`) serves every
@@ -49,7 +49,9 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from sglang_xpu_lora.providers import native, torch_ops, triton_ops
-from sglang_xpu_lora.providers.base import OP_NAMES, Device, LoRAOpsProvider, Offer, Provider, device_type
+from sglang_xpu_lora.providers.base import (
+    OP_NAMES, ChunkedDecodeKernels, Device, LoRAOpsProvider, Offer, Provider, device_type,
+)
 from sglang_xpu_lora.settings import KERNELS_ENV
 
 #: Every provider, in order of preference.
@@ -155,11 +157,37 @@ class OpSelection:
     graph_choices: dict  #: op -> OpChoice inside graphs
     setting: KernelsSetting  #: the SGLANG_XPU_LORA_KERNELS setting
     device: Optional[str] = None  #: the serving device type the selection was made for
-    #: op -> what a trial capture binds: the ops that would run inside graphs if a trial capture
-    #: accepts them (what :class:`.capture_probe.CaptureProbe` tries at graph set-up).
-    graph_candidates: dict = dataclasses.field(default_factory=dict)
+    #: op -> :class:`OpChoice` of the ops that would run inside graphs if a trial capture accepts
+    #: them (their providers are captured by trial).
+    trial_choices: dict = dataclasses.field(default_factory=dict)
     #: False while ops wait for their trial capture (and stay out of :attr:`graph`).
     graph_decided: bool = True
+
+    @property
+    def graph_candidates(self) -> dict:
+        """op -> what a trial capture binds (:attr:`OpChoice.kernel`), for the ops of
+        :attr:`trial_choices`: what :class:`.capture_probe.CaptureProbe` tries at graph set-up,
+        each bound by :meth:`bind_trial`."""
+        return {op: choice.kernel for op, choice in self.trial_choices.items()}
+
+    def bind_trial(self, kernel) -> Callable[..., torch.Tensor]:
+        """The call a trial capture makes of ``kernel`` (a value of :attr:`graph_candidates`), bound
+        by the provider that offered it (:meth:`.base.Provider.bind_trial`).
+
+        Raises:
+            KeyError: for a kernel that is not a candidate of this selection.
+        """
+        for choice in self.trial_choices.values():
+            if choice.kernel is kernel:
+                return choice.provider.bind_trial(kernel)
+        raise KeyError(f"{kernel!r} is not a trial-capture candidate of this selection")
+
+    def chunked_decode_kernels(self, use_graph: bool) -> Optional[ChunkedDecodeKernels]:
+        """The chunked-segment kernels of the provider that serves both permuted (decode) ops of the
+        table for ``use_graph`` (:meth:`.base.Provider.chunked_decode_kernels`), or None: the
+        permuted ops are split between providers, or theirs has none."""
+        (provider, *others) = {self.choices_for(use_graph)[op].provider for op in DECODE_OPS}
+        return None if others else provider.chunked_decode_kernels()
 
     def for_graph(self, use_graph: bool) -> LoRAOpsProvider:
         return self.graph if use_graph else self.eager
@@ -243,30 +271,35 @@ def _pair_shrinks(chosen: dict, offers: Mapping) -> None:
                 chosen[op] = OpChoice(op, provider, reason, offer.capture_safe, offer.kernel, offer.function)
 
 
-#: Eager decode: serve the permuted ops by SGLang's Triton kernels rather than native ops that
-#: synchronise with the host (not shown sync-free by a trial capture), where Triton runs. On by
-#: evidence: the host reads of the sgl-kernel-xpu decode ops (21 per LoRA module), stood in on an
-#: H200, make a Llama-3.1-8B decode step 2.8-5.2x as long as the sync-free Triton path at 1-256
-#: tokens (benchmarks/results/sync-cost-cuda.md; docs/performance.md, "Host syncs in eager
-#: decode"). ``examples/xpu/measure.sh`` measures the same trade-off on an Intel GPU.
-EAGER_DECODE_PREFERS_TRITON = True
+#: Eager decode: serve the permuted ops by a provider that never syncs with the host
+#: (``avoids_host_syncs_in_eager_decode``: SGLang's Triton kernels) rather than by one whose ops may
+#: (``may_sync_with_host``: the native ops, unless a trial capture showed them sync-free), where it
+#: offers them. On by evidence: the host reads of the sgl-kernel-xpu decode ops (21 per LoRA
+#: module), stood in on an H200, make a Llama-3.1-8B decode step 2.8-5.2x as long as the sync-free
+#: Triton path at 1-256 tokens (benchmarks/results/sync-cost-cuda.md; docs/performance.md, "Host
+#: syncs in eager decode"). ``examples/xpu/measure.sh`` measures the same trade-off on an Intel GPU.
+EAGER_DECODE_AVOIDS_HOST_SYNCS = True
 #: The permuted (decode) ops that rule covers.
 DECODE_OPS = ("chunked_sgmv_lora_shrink_fwd", "chunked_sgmv_lora_expand_fwd")
 
 
-def _prefer_triton_for_eager_decode(choices: dict, offers: Mapping) -> None:
-    """Apply :data:`EAGER_DECODE_PREFERS_TRITON` to the eager choices (``auto`` only): a decode op
-    whose provider may sync with the host (capture safety by trial, not shown safe) moves to
-    Triton where Triton offers it."""
-    triton = triton_ops.PROVIDER
+def _avoid_host_syncs_in_eager_decode(choices: dict, offers: Mapping, order: tuple) -> None:
+    """Apply :data:`EAGER_DECODE_AVOIDS_HOST_SYNCS` to the eager choices (``auto`` only): a decode
+    op whose provider may sync with the host and was not shown sync-free by a trial capture moves to
+    the first provider of ``order`` that avoids host syncs in eager decode and offers it."""
     for op in DECODE_OPS:
-        choice, offer = choices[op], offers[triton][op]
-        if offer.function is not None and choice.provider.capture_by_trial and choice.capture_safe is not True:
-            reason = (
-                f"{choice.provider.title} syncs with the host, which costs more than {triton.title} in eager decode; "
-                f"{offer.reason}"
-            )
-            choices[op] = OpChoice(op, triton, reason, offer.capture_safe, offer.kernel, offer.function)
+        choice = choices[op]
+        if not choice.provider.may_sync_with_host or choice.capture_safe is True:
+            continue
+        for refuge in order:
+            offer = offers[refuge][op]
+            if refuge.avoids_host_syncs_in_eager_decode and offer.function is not None:
+                reason = (
+                    f"{choice.provider.title} syncs with the host, which costs more than {refuge.title} in eager "
+                    f"decode; {offer.reason}"
+                )
+                choices[op] = OpChoice(op, refuge, reason, offer.capture_safe, offer.kernel, offer.function)
+                break
 
 
 def _table(chosen: dict) -> types.SimpleNamespace:
@@ -296,11 +329,11 @@ def choose(device: Device = None, graph_verdicts: Optional[dict] = None) -> OpSe
     choices = serve(setting.eager, in_graphs=False)
     graph_choices = serve(setting.graph, in_graphs=True)
     optimistic = serve(setting.graph, in_graphs=True, trials_pass=True)  # every trial passed
-    if EAGER_DECODE_PREFERS_TRITON and setting.value == "auto":
-        _prefer_triton_for_eager_decode(choices, offers)
+    if EAGER_DECODE_AVOIDS_HOST_SYNCS and setting.value == "auto":
+        _avoid_host_syncs_in_eager_decode(choices, offers, setting.eager)
     for chosen in (choices, graph_choices, optimistic):
         _pair_shrinks(chosen, offers)
-    candidates = {op: c.kernel for op, c in optimistic.items() if c.provider.capture_by_trial}
+    candidates = {op: c for op, c in optimistic.items() if c.provider.capture_by_trial}
     decided = all(choices[op].capture_safe is not None for op in candidates)
     eager = _table(choices)
     graph = eager if graph_choices == choices else _table(graph_choices)

@@ -31,8 +31,9 @@ Two differences from the interface's common contract (:mod:`.base`), both SGLang
   Triton expands (:mod:`.selection`).
 
 Outside the seven ops, :func:`csgmv_shrink_fwd` and :func:`csgmv_expand_fwd` run SGLang's
-chunked-SGMV kernels (its ``csgmv`` backend's) over a batch info of chunk segments; the backend uses
-them for large permuted batches (:mod:`sglang_xpu_lora.backend.batch_routes`), always as a pair.
+chunked-SGMV kernels (its ``csgmv`` backend's) over a batch info of chunk segments: the provider's
+:meth:`~.base.Provider.chunked_decode_kernels`, which the backend may run for large permuted
+batches (:mod:`sglang_xpu_lora.backend.batch_routes`), always as a pair.
 
 Capture safety: the kernels read ranks, segments and permutation from device memory and launch
 grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
@@ -54,7 +55,9 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
-from sglang_xpu_lora.providers.base import OP_NAMES, Device, Offer, Provider, device_type, signature
+from sglang_xpu_lora.providers.base import (
+    OP_NAMES, ChunkedDecodeKernels, Device, Offer, Provider, device_type, signature,
+)
 from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
 from sglang_xpu_lora.settings import KERNELS_ENV
 
@@ -265,8 +268,11 @@ class TritonProvider(Provider):
     def bind_to_batch(self, name: str, batch_info) -> Callable[..., torch.Tensor]:
         return bind(name, batch_info)
 
+    def chunked_decode_kernels(self) -> ChunkedDecodeKernels:
+        return ChunkedDecodeKernels(csgmv_shrink_fwd, csgmv_expand_fwd)
+
 
 PROVIDER = TritonProvider(
     name="triton", title="Triton", contracts_over_max_rank=False, expands_read_spaced_slices=False,
-    shrink_feeds_only_own_expands=True,
+    shrink_feeds_only_own_expands=True, avoids_host_syncs_in_eager_decode=True,
 )

@@ -17,19 +17,13 @@ from typing import Callable, Optional, TypeVar
 
 import torch
 
+from sglang_xpu_lora.providers.graph_capture import capturing
+
 Routes = TypeVar("Routes")
 
 #: Distinct routings one cache keeps at most (a batch has a handful: per batch info, row count and
 #: routing kind); past it the cache starts over, so a misuse cannot grow it without bound.
 MAX_CACHED_ROUTES = 64
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether the current stream of ``device``'s backend (``torch.cuda``, ``torch.xpu``...) is
-    capturing a graph; False for devices without graphs."""
-    backend = getattr(torch, device.type, None)
-    is_capturing = getattr(backend, "is_current_stream_capturing", None)
-    return bool(is_capturing()) if is_capturing is not None else False
 
 
 def _identity(tensor: Optional[torch.Tensor]):
