@@ -34,6 +34,8 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from sglang_xpu_lora import __version__
+
 #: Columns every line of the text report fits in.
 WIDTH = 100
 
@@ -197,8 +199,6 @@ def collect(device: Optional[str] = None, emit: Optional[Callable[[list[str]], N
     :param device: the ``--device`` the server will get; None: the one SGLang picks without it.
     :param emit: called with each step's text lines as soon as the step finished.
     """
-    from sglang_xpu_lora import __version__
-
     report: dict[str, Any] = {"plugin": __version__, "problems": []}
     for step, render_step in STEPS:
         step(report, device)
@@ -384,7 +384,6 @@ def missing_host_packages() -> list[str]:
 
 def render_missing_host(problems: Sequence[str]) -> str:
     """The text ``doctor`` prints instead of a report when :func:`missing_host_packages` found some."""
-    from sglang_xpu_lora import __version__
     from sglang_xpu_lora.upstream import compat
 
     return "\n".join(
@@ -409,8 +408,6 @@ def quiet_host_imports():
 
 def header() -> list[str]:
     """The first line(s), printed before anything heavy is imported."""
-    from sglang_xpu_lora import __version__
-
     return wrap(f"sglang-xpu-lora {__version__} doctor: Python {platform.python_version()} at {sys.executable}")
 
 
@@ -440,8 +437,6 @@ def _print_lines(lines: Iterable[str]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console script ``sglang-xpu-lora``; returns the exit status."""
-    from sglang_xpu_lora import __version__
-
     parser = argparse.ArgumentParser(prog="sglang-xpu-lora", description="sglang-xpu-lora tools")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,5 +1,6 @@
-"""The environment variables sglang-xpu-lora reads, by name (no torch, no SGLang: the entry points
-and ``doctor`` name them before anything heavy is imported).
+"""The environment variables sglang-xpu-lora reads, by name, and how a choice among values is read
+(:func:`env_choice`); no torch, no SGLang: the entry points and ``doctor`` name them before
+anything heavy is imported.
 
 * :data:`KERNELS_ENV`: which provider runs the LoRA ops (:mod:`sglang_xpu_lora.providers.selection`).
 * :data:`GRAPH_NATIVE_ENV`: whether native ops run inside graphs: ``probe`` (default, decided by a
@@ -12,7 +13,24 @@ and ``doctor`` name them before anything heavy is imported).
 
 from __future__ import annotations
 
+import os
+
 KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
 STARTUP_REPORT_ENV = "SGLANG_XPU_LORA_STARTUP_REPORT"
+
+
+def env_choice(name: str, choices: tuple[str, ...], advice: str = "") -> str:
+    """The value of the environment variable ``name``, one of ``choices``: stripped and
+    lower-cased, the first choice (the default) when unset or empty.
+
+    Raises:
+        ValueError: for any other value, naming the variable, the value as set and the accepted
+            values, then ``advice`` (what to do instead) when given.
+    """
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}" + (f"; {advice}" if advice else ""))
+    return value

@@ -145,7 +145,11 @@ def test_entry_point_target_imports_without_torch_or_sglang():
 
 @pytest.mark.parametrize(
     "module",
-    ["sglang_xpu_lora.upstream.targets", "sglang_xpu_lora.upstream.compat", "sglang_xpu_lora.upstream.attributes", "sglang_xpu_lora.settings"],
+    [
+        "sglang_xpu_lora.upstream.targets", "sglang_xpu_lora.upstream.compat", "sglang_xpu_lora.upstream.attributes",
+        "sglang_xpu_lora.upstream.devices", "sglang_xpu_lora.settings",
+        "sglang_xpu_lora.plugin",  # the sglang.srt.plugins entry point: heavy imports happen in load()
+    ],
 )
 def test_leaves_import_without_torch_or_sglang(module):
     result = run_blocked(f"import {module}")

@@ -8,10 +8,8 @@ By default only adapters served by a backend registered through ``sglang.lora_ba
 
 from __future__ import annotations
 
-import os
-
 from sglang_xpu_lora.registry import get_registry
-from sglang_xpu_lora.settings import ADAPTER_CHECKS_ENV
+from sglang_xpu_lora.settings import ADAPTER_CHECKS_ENV, env_choice
 #: Accepted values: "plugin" (the default: plugin backends only) and "all".
 CHOICES = ("plugin", "all")
 
@@ -22,10 +20,7 @@ def setting() -> str:
     Raises:
         ValueError: for any other value, naming the variable and the accepted values.
     """
-    value = os.environ.get(ADAPTER_CHECKS_ENV, "").strip().lower() or "plugin"
-    if value not in CHOICES:
-        raise ValueError(f"{ADAPTER_CHECKS_ENV}={os.environ[ADAPTER_CHECKS_ENV]!r} is not one of {', '.join(CHOICES)}")
-    return value
+    return env_choice(ADAPTER_CHECKS_ENV, CHOICES)
 
 
 def applies_to(backend_name: str) -> bool:

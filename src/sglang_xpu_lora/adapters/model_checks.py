@@ -16,25 +16,37 @@ from typing import Any, Iterable, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected
 from sglang_xpu_lora.adapters.tensor_checks import split_tensor_name
+from sglang_xpu_lora.upstream import targets
 
 
 def embedding_logits_architecture(architectures: Iterable[str], tie_word_embeddings: bool) -> Optional[str]:
     """The first of ``architectures`` (SGLang model class names, as ``config.json`` lists them) that
     computes its logits from the input embedding with these ``tie_word_embeddings``, or None."""
-    from sglang_xpu_lora.upstream.targets import EMBEDDING_AS_LM_HEAD
-
     for architecture in architectures:
-        tied_only = EMBEDDING_AS_LM_HEAD.get(architecture)
+        tied_only = targets.EMBEDDING_AS_LM_HEAD.get(architecture)
         if tied_only is not None and (tie_word_embeddings or not tied_only):
             return architecture
     return None
 
 
+def _ties_word_embeddings(config: Any) -> bool:
+    """The ``tie_word_embeddings`` of a transformers config's text config, which SGLang's models
+    read (True when unset, transformers' default)."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text_config, "tie_word_embeddings", True))
+
+
 def hf_config_embedding_logits(config: Any) -> Optional[str]:
     """:func:`embedding_logits_architecture` for a transformers config (``architectures`` and the
-    text config's ``tie_word_embeddings``, which SGLang's models read)."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return embedding_logits_architecture(config.architectures or (), bool(getattr(text_config, "tie_word_embeddings", True)))
+    text config's ``tie_word_embeddings``)."""
+    return embedding_logits_architecture(config.architectures or (), _ties_word_embeddings(config))
+
+
+def served_model_embedding_logits(base_model: Any, hf_config: Any) -> Optional[str]:
+    """:func:`embedding_logits_architecture` for a model SGLang serves: its class (the architecture
+    SGLang serves it as) and its transformers config ``hf_config`` (tied or not as its text config
+    says)."""
+    return embedding_logits_architecture([type(base_model).__name__], _ties_word_embeddings(hf_config))
 
 
 def check_served_modules(adapter_name: str, modules: Iterable[str], embedding_logits: Optional[str]) -> None:

@@ -23,6 +23,8 @@ import torch
 
 from sglang_xpu_lora.adapters import AdapterRejected
 from sglang_xpu_lora.adapters.config_checks import AdapterPlan
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 #: Prefix of every tensor name in a PEFT adapter saved from a ``PeftModel``.
 PEFT_PREFIX = "base_model.model."
@@ -219,9 +221,6 @@ def sglang_module_dims(base_model: torch.nn.Module) -> tuple[ModuleDims, set[str
     and the model's LoRA-able modules named as in the Hugging Face model (fused modules split into
     their slices), for resolving a regular-expression ``target_modules``.
     """
-    from sglang_xpu_lora.upstream import targets
-    from sglang_xpu_lora.upstream.compat import resolve
-
     VocabParallelEmbedding, ParallelLMHead = resolve(targets.VOCAB_PARALLEL_EMBEDDING), resolve(targets.PARALLEL_LM_HEAD)
     table: dict[str, tuple[int, int]] = {}
     fused: set[str] = set()

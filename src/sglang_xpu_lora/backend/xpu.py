@@ -57,6 +57,7 @@ from sglang_xpu_lora.backend.batch_routes import (
     chunk_segments, max_chunks,
 )
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
+from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
 from sglang_xpu_lora.providers import SelectionLog, capture_probe, select_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
 from sglang_xpu_lora.providers.graph_capture import capturing
@@ -168,30 +169,18 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         the check runs at the first ``prepare_lora_batch`` (or graph batch-info set-up) after
         :meth:`validate_lora_targets`. Zeroed slots are needed when any selected op contracts over
         the full ``max_lora_rank`` (``needs_zeroed_slots``, from the op selection); a no-op once
-        checked. They are trusted only on proof from both pool hooks (:func:`has_zeroed_slots`):
-        SGLang's ``HookRegistry`` logs a hook it cannot apply and carries on, and
-        ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so nothing else
-        stands between a missing hook and wrong numbers.
+        checked. The pool patch says whether the pool zeroes them, on proof from both its hooks
+        (:func:`~sglang_xpu_lora.patches.mem_pool.require_zeroed_slots`);
+        ``Engine(lora_backend="intel_xpu")`` reaches this class without argparse, so this is the
+        one check between a missing hook and wrong numbers.
 
         Raises:
-            RuntimeError: naming what is missing and how to find out why.
+            RuntimeError: naming what is missing and how to find out why (:func:`require_zeroed_slots`).
         """
-        from sglang_xpu_lora.patches.mem_pool import has_zeroed_slots
-
         if not self._pool_check_pending:
             return
-        if self.needs_zeroed_slots and not has_zeroed_slots(self.lora_memory_pool):
-            if self.lora_memory_pool is None:
-                why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool is unknown"
-            else:
-                why = "the pool's loads are not zeroing its slots (the plugin's pool hooks did not both run)"
-            raise RuntimeError(
-                f"--lora-backend {self.name} refuses to serve: its LoRA ops contract over --max-lora-rank "
-                "and need every memory-pool slot zeroed before an adapter is loaded into it (zero rank "
-                f"tails, nothing left of a previous tenant), but {why}. Run `sglang-xpu-lora doctor`, "
-                "and look in the server log for "
-                "'Failed to apply hooks' or '[sglang-xpu-lora]' lines."
-            )
+        if self.needs_zeroed_slots:
+            require_zeroed_slots(self.lora_memory_pool, self.name)
         self._pool_check_pending = False
 
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):

@@ -55,9 +55,9 @@ from sglang_xpu_lora.adapters.config_checks import (
 )
 from sglang_xpu_lora.adapters.model_checks import (
     check_served_modules,
-    embedding_logits_architecture,
     hf_config_embedding_logits,
     lora_modules,
+    served_model_embedding_logits,
 )
 from sglang_xpu_lora.adapters.scale_folding import fold_and_pad, served_scale
 from sglang_xpu_lora.adapters.served_targets import expert_lora_refusal, lora_capable_modules, wraps_experts
@@ -237,15 +237,6 @@ def _targeted_modules(plan: Any) -> list[str]:
     return [] if target_modules is None or isinstance(target_modules, str) else list(target_modules)
 
 
-def _embedding_logits(base_model: Any, hf_config: Any) -> Optional[str]:
-    """The served model's architecture when it computes its logits from the input embedding (see
-    :func:`~sglang_xpu_lora.adapters.model_checks.embedding_logits_architecture`; tied or not as
-    its text config says, as :func:`~sglang_xpu_lora.adapters.model_checks.hf_config_embedding_logits`
-    reads it), else None."""
-    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return embedding_logits_architecture([type(base_model).__name__], bool(getattr(text_config, "tie_word_embeddings", True)))
-
-
 def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     """Check an adapter's config for ``manager`` and prepare its config for SGLang: a resolved
     ``target_modules`` list, ``r`` = the served rank, and the plan attached as :data:`PLAN_ATTR`.
@@ -261,7 +252,8 @@ def plan_adapter(manager: Any, lora_config: Any, lora_ref: Any) -> None:
     plan = check_adapter_config(lora_ref.lora_name, lora_config.hf_config, max_lora_rank)
     for warning in plan.warnings:
         logger.warning(warning)
-    check_served_modules(plan.name, _targeted_modules(plan), _embedding_logits(manager.base_model, manager.base_hf_config))
+    embedding_logits = served_model_embedding_logits(manager.base_model, manager.base_hf_config)
+    check_served_modules(plan.name, _targeted_modules(plan), embedding_logits)
     if plan.target_regex:
         lora_config.target_modules = resolve_target_regex(plan, sglang_module_dims(manager.base_model)[2])
     # LoRA-wrapped modules are no longer found by SGLang's detection; they are the manager's targets.
@@ -297,7 +289,7 @@ def prepare_weights(adapter: Any) -> None:
     plan = getattr(adapter.config, PLAN_ATTR, None)
     if plan is None:
         return
-    embedding_logits = _embedding_logits(adapter.base_model, adapter.base_hf_config)
+    embedding_logits = served_model_embedding_logits(adapter.base_model, adapter.base_hf_config)
     check_served_modules(plan.name, lora_modules(adapter.embedding_layers), embedding_logits)
     dims, fused, _ = sglang_module_dims(adapter.base_model)
     layer_weights = [layer.weights for layer in adapter.layers]

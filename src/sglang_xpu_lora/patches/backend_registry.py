@@ -9,6 +9,7 @@ Remove when: never (this is SGLang's registration API).
 
 from __future__ import annotations
 
+from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
 from sglang_xpu_lora.patches.undo import UndoStack
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
@@ -19,8 +20,6 @@ def sglang_backend_names() -> set[str]:
     """Every ``--lora-backend`` name the host already has before this plugin registers anything:
     SGLang's backend registry (``triton``, ``csgmv``, ``torch_native``, ``ascend``, ...: whatever
     this SGLang version ships, plus names other plugins registered directly) and its CLI choices."""
-    from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
-
     return set(resolve(targets.LORA_BACKEND_REGISTRY)) | set(lora_backend_choices())
 
 

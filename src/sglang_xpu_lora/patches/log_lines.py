@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
+from sglang_xpu_lora import __version__
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
@@ -36,8 +37,6 @@ def queue_line(level: int, status: str, undo: UndoStack) -> None:
     Raises:
         Exception: whatever resolving SGLang's ``configure_logger`` or hook registry raises.
     """
-    from sglang_xpu_lora import __version__
-
     resolve(targets.CONFIGURE_LOGGER)
     version = sglang_version()
     logged_in = {"pid": None}

@@ -16,9 +16,9 @@ How: ``init_memory_pool`` marks the pool of a manager whose backend needs zeroed
     loader's stream, so it also holds with ``--enable-lora-overlap-loading``. No op keeps a copy of
     pool weights (every provider reads the pool's buffers in place), so a slot emptied by SGLang
     (``remove_lora`` / ``_clear_buffer_slot_for_base``) is empty everywhere. The pool is then
-    handed to a backend whose spec asks for it (``receives_memory_pool``), which checks
-    :func:`has_zeroed_slots` before serving: if either hook did not run (``HookRegistry`` only logs
-    a hook it could not apply), the backend refuses instead of computing on stale tails. The
+    handed to a backend whose spec asks for it (``receives_memory_pool``), which calls
+    :func:`require_zeroed_slots` before serving: if either hook did not run (``HookRegistry`` only
+    logs a hook it could not apply), the backend refuses instead of computing on stale tails. The
     patch's whole state on a pool is one :class:`SlotZeroing` record (:data:`RECORD_ATTR`).
 Checked against: SGLang 0.5.23 (``load_lora_weight_to_buffer`` writes
     ``target_buffer[buffer_id, : lora_rank * c, :]``, packed; the compat guard checks that anchor).
@@ -69,6 +69,31 @@ def has_zeroed_slots(pool) -> bool:
     marked by the ``init_memory_pool`` hook and its loads pass through the load hook."""
     record = getattr(pool, RECORD_ATTR, None)
     return record is not None and record.requested and record.load_hook_ran
+
+
+def require_zeroed_slots(pool, backend_name: str) -> None:
+    """Refuse to serve ``--lora-backend backend_name``, whose ops contract over the full
+    ``max_lora_rank``, on ``pool`` (its manager's ``LoRAMemoryPool``, None when the pool hook did
+    not hand it over) unless the pool zeroes each slot before a load (:func:`has_zeroed_slots`):
+    proof from both hooks, since SGLang's ``HookRegistry`` logs a hook it cannot apply and
+    carries on, and nothing else stands between a missing hook and wrong numbers.
+
+    Raises:
+        RuntimeError: naming what is missing and how to find out why.
+    """
+    if has_zeroed_slots(pool):
+        return
+    if pool is None:
+        why = "the plugin's hook on LoRAManager.init_memory_pool did not run, so the pool is unknown"
+    else:
+        why = "the pool's loads are not zeroing its slots (the plugin's pool hooks did not both run)"
+    raise RuntimeError(
+        f"--lora-backend {backend_name} refuses to serve: its LoRA ops contract over --max-lora-rank "
+        "and need every memory-pool slot zeroed before an adapter is loaded into it (zero rank "
+        f"tails, nothing left of a previous tenant), but {why}. Run `sglang-xpu-lora doctor`, "
+        "and look in the server log for "
+        "'Failed to apply hooks' or '[sglang-xpu-lora]' lines."
+    )
 
 
 def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from sglang_xpu_lora import __version__
 from sglang_xpu_lora.patches.cli_choices import lora_backend_choices
 from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
@@ -30,8 +31,6 @@ from sglang_xpu_lora.upstream.compat import resolve
 
 def refusal_message(name: str, reasons: Iterable[str]) -> str:
     """What ``--lora-backend name`` fails with when the plugin registered no backend."""
-    from sglang_xpu_lora import __version__
-
     listed = "; ".join(reasons)
     return (
         f"--lora-backend {name} is unavailable: sglang-xpu-lora {__version__} registered no LoRA backend in this "

@@ -50,13 +50,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from sglang_xpu_lora.settings import GRAPH_NATIVE_ENV
+from sglang_xpu_lora.settings import GRAPH_NATIVE_ENV, env_choice
 
 if TYPE_CHECKING:
     from sglang.srt.lora.mem_pool import LoRAMemoryPool
@@ -80,13 +79,7 @@ def graph_native_choice() -> str:
     Raises:
         ValueError: for a value other than ``probe``, ``never`` or ``always``.
     """
-    value = os.environ.get(GRAPH_NATIVE_ENV, "probe").strip().lower() or "probe"
-    if value not in GRAPH_NATIVE_CHOICES:
-        raise ValueError(
-            f"{GRAPH_NATIVE_ENV}={os.environ.get(GRAPH_NATIVE_ENV)!r} is not one of {', '.join(GRAPH_NATIVE_CHOICES)}; "
-            "unset it to decide by a trial capture at graph set-up"
-        )
-    return value
+    return env_choice(GRAPH_NATIVE_ENV, GRAPH_NATIVE_CHOICES, "unset it to decide by a trial capture at graph set-up")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,17 +42,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import types
 from typing import Callable, Mapping, Optional
 
 import torch
 
 from sglang_xpu_lora.providers import native, torch_ops, triton_ops
+from sglang_xpu_lora.providers.batch_binding import bind_table
 from sglang_xpu_lora.providers.base import (
     OP_NAMES, ChunkedDecodeKernels, Device, LoRAOpsProvider, Offer, Provider, device_type,
 )
-from sglang_xpu_lora.settings import KERNELS_ENV
+from sglang_xpu_lora.settings import KERNELS_ENV, env_choice
 
 #: Every provider, in order of preference.
 PROVIDERS: tuple[Provider, ...] = (native.PROVIDER, triton_ops.PROVIDER, torch_ops.PROVIDER)
@@ -109,13 +109,8 @@ def kernels_setting() -> KernelsSetting:
     Raises:
         ValueError: if the variable holds anything but ``auto``, ``native``, ``triton`` or ``torch``.
     """
-    value = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(
-            f"{KERNELS_ENV}={os.environ.get(KERNELS_ENV)!r} is not one of "
-            f"{', '.join(KERNEL_CHOICES)}; unset it or set {KERNELS_ENV}=torch for the portable kernels"
-        )
-    return SETTINGS[value]
+    advice = f"unset it or set {KERNELS_ENV}=torch for the portable kernels"
+    return SETTINGS[env_choice(KERNELS_ENV, tuple(SETTINGS), advice)]
 
 
 def kernels_choice() -> str:
@@ -224,8 +219,6 @@ class OpSelection:
         """The ops (and chunked-expand forms) ``names`` of the table for ``use_graph`` bound to
         the batch ``info`` (SGLang's ``LoRABatchInfo``): callables taking only the per-call
         arguments (:func:`.batch_binding.bind_table`; ``uniform_offsets`` as there)."""
-        from sglang_xpu_lora.providers.batch_binding import bind_table
-
         return bind_table(self.for_graph(use_graph), self.choices_for(use_graph), info, uniform_offsets, names)
 
 

@@ -60,6 +60,8 @@ from sglang_xpu_lora.providers.base import (
 )
 from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
 from sglang_xpu_lora.settings import KERNELS_ENV
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 #: Triton backends that serve each device type.
 TRITON_BACKENDS = {"cuda": ("nvidia", "amd"), "xpu": ("intel",)}
@@ -96,9 +98,6 @@ def triton_support(device: Device) -> tuple[bool, str]:
 def _kernels() -> types.SimpleNamespace:
     """SGLang's kernel functions, resolved on first use through the compat targets (which
     :func:`sglang_xpu_lora.upstream.compat.check_host` checks, parameters included)."""
-    from sglang_xpu_lora.upstream import targets
-    from sglang_xpu_lora.upstream.compat import resolve
-
     return types.SimpleNamespace(
         embedding_lora_a=resolve(targets.TRITON_EMBEDDING_LORA_A),
         sgemm_lora_a=resolve(targets.TRITON_SGEMM_LORA_A),

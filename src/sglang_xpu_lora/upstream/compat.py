@@ -20,10 +20,15 @@ from typing import Any, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.attributes import missing_attributes, module_assigns
+
 #: SGLang releases this plugin is tested against (CI pins 0.5.23), written lower bound first
 #: (``str(SpecifierSet)`` would sort it as ``<0.5.24,>=0.5.23``).
 SUPPORTED_SGLANG_RANGE = ">=0.5.23,<0.5.24"
 SUPPORTED_SGLANG = SpecifierSet(SUPPORTED_SGLANG_RANGE)
+#: The release the messages tell users to install: the range's lower bound.
+TESTED_SGLANG = SUPPORTED_SGLANG_RANGE.split(",")[0].removeprefix(">=")
 
 
 def resolve(target: str) -> Any:
@@ -61,7 +66,7 @@ class ImportFailure:
                 "devsupport shims provide it (CONTRIBUTING.md)"
             )
         elif self.culprit in (None, "sglang"):
-            fix = "SGLang's own modules do not import: reinstall SGLang 0.5.23 into this environment"
+            fix = f"SGLang's own modules do not import: reinstall SGLang {TESTED_SGLANG} into this environment"
         else:
             fix = f"install or repair {self.culprit} in this Python environment"
         return (
@@ -110,8 +115,6 @@ def _raised_in(exc: BaseException) -> Optional[str]:
 def unresolved_targets(names: Optional[tuple[str, ...]] = None) -> dict[str, str]:
     """Each of ``names`` (default: :data:`sglang_xpu_lora.upstream.targets.ALL`) that does not
     resolve, with the error."""
-    from sglang_xpu_lora.upstream import targets
-
     missing = {}
     for target in targets.ALL if names is None else names:
         try:
@@ -157,15 +160,12 @@ def check_host() -> list[str]:
     another plugin replaced without ``__wrapped__`` is reported with the replacement
     (:func:`replaced_by`) instead of its parameters and source.
     """
-    from sglang_xpu_lora.upstream import targets
-    from sglang_xpu_lora.upstream.attributes import missing_attributes, module_assigns
-
     version = sglang_version()
     if version is None:
-        return ["SGLang is not installed: install sglang (0.5.23) before sglang-xpu-lora"]
+        return [f"SGLang is not installed: install sglang ({TESTED_SGLANG}) before sglang-xpu-lora"]
     if version not in SUPPORTED_SGLANG:
         return [
-            f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG_RANGE}: install sglang==0.5.23 "
+            f"SGLang {version} is outside the tested range {SUPPORTED_SGLANG_RANGE}: install sglang=={TESTED_SGLANG} "
             "or a sglang-xpu-lora release that supports this SGLang"
         ]
     source_targets = tuple(target for target, _, _ in targets.REQUIRED_SOURCE)

@@ -21,6 +21,8 @@ import os
 from typing import Optional
 
 from sglang_xpu_lora.settings import KERNELS_ENV
+from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import resolve
 
 #: The variable that selects SGLang's CPU engine (read by SGLang's ``get_device`` and platforms).
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
@@ -85,9 +87,6 @@ def why_picked(device: Optional[str]) -> str:
 def picked_device() -> tuple[Optional[str], str]:
     """``(device, why)``: the device SGLang serves on when ``--device`` is not given (SGLang's own
     ``get_device``; None when it finds none) and :func:`why_picked`."""
-    from sglang_xpu_lora.upstream import targets
-    from sglang_xpu_lora.upstream.compat import resolve
-
     try:
         device: Optional[str] = resolve(targets.GET_DEVICE)().split(":")[0]
     except RuntimeError:
