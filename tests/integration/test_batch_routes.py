@@ -120,22 +120,29 @@ def kernel_calls(monkeypatch):
     return calls
 
 
+def run_exact_decode(backend, kernel_calls, slots=(1,) * 17 + (2, 0, 2)) -> dict:
+    """A decode batch (20 tokens over 3 slots by default, 16-token chunks: a slot holds more than
+    one chunk) through every module, each against its float64 reference; the kernels it called."""
+    slots = list(slots)
+    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+    x = torch.randn(len(slots), HIDDEN)
+    kernel_calls.clear()
+    for out, a, b, bands in run_modules(backend, x):
+        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
+    return dict(kernel_calls)
+
+
 DENSE = {"sgemm_lora_a": 3, "qkv_lora_b": 1, "gate_up_lora_b": 1, "sgemm_lora_b": 1}
 CHUNKED = {"chunked_sgmv_shrink": 3, "chunked_sgmv_expand": 3}
 
 
 @pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (20, CHUNKED), (21, DENSE)], ids=["off", "at-threshold", "below"])
 def test_eager_decode_both_kernel_branches_are_exact(triton_backend, kernel_calls, min_tokens, kernels):
-    """20 decode tokens over 3 slots, 16-token chunks: a slot holds more than one chunk."""
+    """20 decode tokens over 3 slots, in shuffled order."""
     backend = triton_backend(min_tokens)
     slots = [1] * 17 + [2, 0, 2]
     random.Random(0).shuffle(slots)
-    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
-    x = torch.randn(len(slots), HIDDEN)
-    kernel_calls.clear()
-    for out, a, b, bands in run_modules(backend, x):
-        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
-    assert kernel_calls == kernels
+    assert run_exact_decode(backend, kernel_calls, slots) == kernels
 
 
 def test_chunked_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend, kernel_calls):
@@ -152,13 +159,7 @@ def test_chunked_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend,
     portable = {op: OpChoice(op, torch_ops.PROVIDER, "test", True) for op in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd")}
     backend.op_selection = dataclasses.replace(selection, choices={**selection.choices, **portable})
     assert backend.op_selection.reads_spaced_slices("qkv_lora_b_fwd", False)
-    slots = [1] * 17 + [2, 0, 2]
-    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
-    x = torch.randn(len(slots), HIDDEN)
-    kernel_calls.clear()
-    for out, a, b, bands in run_modules(backend, x):
-        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
-    assert kernel_calls == CHUNKED
+    assert run_exact_decode(backend, kernel_calls) == CHUNKED
 
 
 @pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (16, CHUNKED)], ids=["dense", "chunked"])
@@ -316,10 +317,4 @@ def test_a_provider_with_chunked_decode_kernels_of_its_own_needs_only_its_descri
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "chunky")
     backend = triton_backend(1)
     assert {c.provider for c in backend.op_selection.choices.values()} == {chunky}
-    slots = [1] * 17 + [2, 0, 2]
-    backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
-    x = torch.randn(len(slots), HIDDEN)
-    kernel_calls.clear()
-    for out, a, b, bands in run_modules(backend, x):
-        torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
-    assert kernel_calls == CHUNKED and used == ["shrink", "expand"] * 3
+    assert run_exact_decode(backend, kernel_calls) == CHUNKED and used == ["shrink", "expand"] * 3
