@@ -169,14 +169,14 @@ def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend,
     read chunks a larger earlier batch left there, and the padding rows get no LoRA."""
     backend = triton_backend(min_tokens)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=48, num_tokens_per_req=1)
-    assert (backend._graph_chunks is None) == (min_tokens is None)
+    assert (backend.routes.graph_chunks is None) == (min_tokens is None)
     first = [1] * 20 + [2] * 28  # chunks [0, 16), [16, 20) of slot 1, [20, 36), [36, 48) of slot 2
     backend.prepare_lora_batch(forward_batch("DECODE", len(first)), first, RANKS, SCALINGS, True)
     run_modules(backend, torch.randn(len(first), HIDDEN))
-    buffers = backend._graph_chunks
+    buffers = backend.routes.graph_chunks
     live = [2, 1, 1, 2, 1]  # two chunks: the ones the first batch left in the buffers must not run
     backend.prepare_lora_batch(forward_batch("DECODE", len(live)), live, RANKS, SCALINGS, True)
-    assert backend._graph_chunks is buffers  # the addresses a captured graph reads
+    assert backend.routes.graph_chunks is buffers  # the addresses a captured graph reads
     x = torch.randn(24, HIDDEN)  # the 5 live rows, run at a captured size of 24
     kernel_calls.clear()
     for out, a, b, bands in run_modules(backend, x, seed=3):
@@ -190,12 +190,12 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     modules use at the first call, a graph batch every route at preparation, no later call builds
     one; the persistent slice offsets are built once per shape, and offsets first built while a
     graph is being captured are not kept (their values exist only once that graph runs)."""
-    from sglang_xpu_lora.backend import xpu
+    from sglang_xpu_lora.backend import route_table
 
     backend = triton_backend(None)
     built = []
-    make_route = backend._make_route
-    monkeypatch.setattr(backend, "_make_route", lambda info: built.append(info) or make_route(info))
+    make_route = backend.routes.make_route
+    monkeypatch.setattr(backend.routes, "make_route", lambda info, *args: built.append(info) or make_route(info, *args))
     slots = [1, 2, 1, 0]
     for use_graph in (False, False, True):
         if use_graph:
@@ -209,11 +209,11 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
         for _ in range(2):  # two more layers
             run_modules(backend, torch.randn(len(slots), HIDDEN))
         assert len(built) == after_first_layer  # nothing built per op
-    offsets = backend._uniform_offsets(2, 6)
-    assert offsets.tolist() == [0, 6, 12] and backend._uniform_offsets(2, 6) is offsets
-    monkeypatch.setattr(xpu, "capturing", lambda device: True)
-    in_capture = backend._uniform_offsets(2, 7)
-    assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend._kept_uniform_offsets
+    offsets = backend.routes.uniform_offsets(2, 6)
+    assert offsets.tolist() == [0, 6, 12] and backend.routes.uniform_offsets(2, 6) is offsets
+    monkeypatch.setattr(route_table, "capturing", lambda device: True)
+    in_capture = backend.routes.uniform_offsets(2, 7)
+    assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend.routes.kept_uniform_offsets
 
 
 class KernelCalls(TorchDispatchMode):

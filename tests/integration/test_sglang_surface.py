@@ -402,7 +402,7 @@ def test_every_name_that_holds_an_sglang_object_is_typed():
         ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "_clear_buffer_slot_for_base", "patches/mem_pool.py:"),
         ("REQUIRED_ATTRIBUTES", targets.TRITON_BACKEND, "sgemm_batch_info", "backend/xpu.py:"),
         ("REQUIRED_ATTRIBUTES", targets.TRITON_BACKEND, "run_qkv_lora", "backend/xpu.py:"),
-        ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "permutation", "backend/xpu.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "permutation", "backend/route_table.py:"),
         ("REQUIRED_ATTRIBUTES", targets.QKV_PARALLEL_LINEAR, "v_head_size", "adapters/tensor_checks.py:"),
         ("REQUIRED_ATTRIBUTES", targets.SERVER_ARGS, "lora_paths", "patches/adapter_checks.py:"),
         ("REQUIRED_PARAMETERS", targets.TRITON_BACKEND + ".run_qkv_lora", "n_slices", "backend/xpu.py:"),

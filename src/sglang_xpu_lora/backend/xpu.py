@@ -6,10 +6,23 @@ The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is
 graph batch-info initialisation (prefill slots sized by ``max_num_requests``), lm_head pruning and
 pass routing. It overrides every ``run_*`` method to route each call to one op of the provider
 selected for it (:mod:`sglang_xpu_lora.providers`): native sgl-kernel-xpu, SGLang's own Triton
-kernels, or the portable PyTorch ops. The only data movement here is placing a prefix-partition
-layer's result into its leading output columns (:func:`_onto_leading_columns`) and, before a
-native or portable multi-slice expand, moving the shrink output's slices to ``p * max_lora_rank``
-(the batch route's slice gather: one per layer, its index built once per batch).
+kernels, or the portable PyTorch ops. The only data movement is placing a prefix-partition
+layer's result into its leading output columns
+(:func:`~sglang_xpu_lora.backend.module_ops.onto_leading_columns`) and, before a native or
+portable multi-slice expand, moving the shrink output's slices to ``p * max_lora_rank`` (the batch
+route's slice gather: one per layer, its index built once per batch).
+
+The class is the table of contents; each job has its module:
+
+* which provider runs each op: :mod:`sglang_xpu_lora.providers` (``select_ops``), logged once
+  built (:mod:`.log_line`);
+* graph set-up: the trial captures that decide which ops run natively inside graphs
+  (:mod:`.graph_setup`);
+* the pool check: :func:`sglang_xpu_lora.patches.mem_pool.require_zeroed_slots`, with the pool
+  patch that zeroes the slots;
+* per-batch routing: :mod:`.route_table` (the routes of the current batch) and
+  :mod:`.batch_routes` (one route: the bound ops a module calls);
+* the ``run_*`` ops: one route call each, the stacked projections in :mod:`.module_ops`.
 
 Pool layout: SGLang's packed one for every provider (stacked LoRA-A slice ``p`` at row ``p * r``),
 and every provider gets each slot's real rank (SGLang's Triton kernels read only ``[0, r)``). The
@@ -45,23 +58,22 @@ Routing (``info = self._sgemm_info(...)``):
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.backend.batch_routes import (
-    CONTIGUOUS_ROUTE_OPS, MULTI_SLICE_EXPANDS, PERMUTED_ROUTE_OPS, BatchRoute, ChunkedDecodeRule, ChunkedRouting,
-    chunk_segments, max_chunks,
-)
+from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule
+from sglang_xpu_lora.backend.graph_setup import TrialCaptures
+from sglang_xpu_lora.backend.log_line import built_line
+from sglang_xpu_lora.backend.module_ops import gate_up_projection, stacked_projection
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
+from sglang_xpu_lora.backend.route_table import RouteTable
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
-from sglang_xpu_lora.providers import SelectionLog, capture_probe, select_ops, triton_support
+from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
-from sglang_xpu_lora.providers.graph_capture import capturing
-from sglang_xpu_lora.settings import KERNELS_ENV
 
 
 logger = logging.getLogger(__name__)
@@ -105,15 +117,10 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.selection_log = SelectionLog()
         #: Which provider runs each op, outside and inside graphs (raises for an unusable choice).
         self.op_selection = select_ops(device, log=self.selection_log)
-        #: Trial captures of native ops at graph set-up, with their per-process state (side stream,
-        #: verdicts): :mod:`sglang_xpu_lora.providers.capture_probe`.
-        self.capture_probe = capture_probe.CaptureProbe()
-        self._graph_verdicts: dict = {}
-        self._routes: dict = {}  # id(batch info) -> BatchRoute of this batch (holds the info, so ids stay unique)
-        self._last_info: Optional[LoRABatchInfo] = None  # the batch info of the last route used (:meth:`_route`)
-        self._last_route: Optional[BatchRoute] = None
-        self._kept_uniform_offsets: dict = {}  # (num_slices, slice_size) -> persistent [0, n, 2n, ...] int32
-        self._graph_chunks: Optional[tuple] = None  # persistent chunk routing buffers of decode graphs
+        #: Trial captures at graph set-up and their verdicts (:mod:`sglang_xpu_lora.backend.graph_setup`).
+        self.trial_captures = TrialCaptures()
+        #: The routes of the current batch (:mod:`sglang_xpu_lora.backend.route_table`).
+        self.routes = RouteTable(self.device)
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
         #: plugin's pool hook (:meth:`use_memory_pool`); None until then.
         self.lora_memory_pool = None
@@ -189,13 +196,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._check_memory_pool()
         self._decide_graph_ops(max_bs_in_cuda_graph * num_tokens_per_req)
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
-        self._graph_chunks = None
-        if self._may_chunk(True, max_bs_in_cuda_graph * num_tokens_per_req):
-            count = max_chunks(max_bs_in_cuda_graph * num_tokens_per_req, self.max_loras_per_batch, self.chunked_decode_rule.chunk_size)
-            self._graph_chunks = (
-                torch.zeros(count + 1, dtype=torch.int32, device=self.device),
-                torch.zeros(count, dtype=torch.int32, device=self.device),
-            )
+        self.routes.set_up_decode_graphs(
+            self.op_selection, self.chunked_decode_rule, max_bs_in_cuda_graph * num_tokens_per_req, self.max_loras_per_batch
+        )
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
         """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
@@ -205,26 +208,19 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
 
     def _decide_graph_ops(self, tokens: int) -> None:
-        """Try each native op the selection would run inside graphs in a trial capture sized like
-        this graph set-up (``tokens``, ``max_loras_per_batch``, the pool's rank and dtype), and
-        rebuild the graph op table from the verdicts, combined with earlier set-ups' (an op stays
-        native in graphs only while every trial passed). SGLang calls the graph set-up hooks
-        before it captures, so every capture sees the decided table. A no-op without candidates
-        or when ``SGLANG_XPU_LORA_GRAPH_NATIVE`` decides (``never``, ``always``)."""
-        selection = self.op_selection
-        if not selection.graph_candidates or capture_probe.graph_native_choice() != "probe":
-            return
-        case = capture_probe.ProbeCase.for_graph_setup(self.device, tokens, self.max_loras_per_batch, self.lora_memory_pool)
-        verdicts = self.capture_probe.try_ops(selection.graph_candidates, case, selection.bind_trial)
-        self._graph_verdicts = capture_probe.merge(self._graph_verdicts, verdicts)
-        self.op_selection = select_ops(self.device, self._graph_verdicts, log=self.selection_log)
+        """Decide by trial captures sized like this graph set-up (``tokens``) which ops the
+        selection would run inside graphs by trial do (:meth:`TrialCaptures.decide`), and rebuild
+        the op selection from the verdicts."""
+        self.op_selection = self.trial_captures.decide(
+            self.op_selection, self.device, tokens, self.max_loras_per_batch, self.lora_memory_pool, self.selection_log
+        )
 
     # --- batch preparation ---------------------------------------------------------------------
 
     def prepare_lora_batch(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph, use_prefill_cuda_graph=False):
         """SGLang's Triton batch preparation, then the kernels' index contract, once per batch.
 
-        Also starts the batch's routes (:meth:`_prepare_routes`: ops bound to the batch, with the
+        Also starts the batch's routes (:meth:`RouteTable.start_batch`: ops bound to the batch, with the
         portable ops' routing cache and the slice-spacing indices of this batch), so what depends
         only on the batch is computed once per batch rather than once per op; everything of the
         batch lives on this backend's routes, nothing in the process. The first batch after the
@@ -236,14 +232,15 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
-        self._prepare_routes(build_now=use_cuda_graph or use_prefill_cuda_graph)
+        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule,
+                                build_now=use_cuda_graph or use_prefill_cuda_graph)
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
         self._check_memory_pool()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
-        self._prepare_routes()
+        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule)
 
     def _batch_infos(self) -> list:
         """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
@@ -262,80 +259,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                     converted[key] = info.lora_ranks.to(torch.int32)
                 info.lora_ranks = converted[key]
 
-    # --- per-batch routes: what every op of the batch takes (backend/batch_routes.py) ----------
-
-    def _prepare_routes(self, build_now: bool = True) -> None:
-        """Once per batch: forget the last batch's routes and, with ``build_now``, build the
-        :class:`BatchRoute` of each batch info (bound ops, chunk routing), so the ``run_*`` calls
-        only call their ops. Eager batches (``build_now`` False) build each route at its first
-        use instead (:meth:`_route`): no graph capture can be under way for them, and a decode
-        batch's request view, which no LoRA module reads, then costs nothing. Graph batches
-        build them all here, before any capture."""
-        self._routes, self._last_info, self._last_route = {}, None, None
-        if build_now:
-            for info in self._batch_infos():
-                self._routes[id(info)] = self._make_route(info)
-
     def _route(self, info: LoRABatchInfo) -> BatchRoute:
-        """The route prepared for ``info`` in this batch, or one built now (an eager batch's info at
-        its first use, a view made later: same slots, same ranks); ids are unique keys, since each
-        route holds its info alive.
-        Remembered as the last route: the ``run_*`` methods call this only for another batch info
-        than the last one (``self._last_route if info is self._last_info else self._route(info)``),
-        so a layer's calls do no lookup."""
-        route = self._routes.get(id(info))
-        if route is None:
-            route = self._routes[id(info)] = self._make_route(info)
-        self._last_info, self._last_route = info, route
-        return route
-
-    def _make_route(self, info: LoRABatchInfo) -> BatchRoute:
-        """The route of ``info``: its table's ops bound to it (SGLang's Triton kernels read the
-        batch info as is: real ranks on the packed pool), the expands that read spaced slices, and
-        the chunk routing where the permuted ops may run the chunked kernels."""
-        use_graph, selection = info.use_cuda_graph, self.op_selection
-        chunked = None
-        may_chunk = self._graph_chunks is not None if use_graph else self._may_chunk(False, info.max_len)
-        if info.permutation is not None and may_chunk:
-            chunked = self._chunk_routing(info)
-        names = PERMUTED_ROUTE_OPS if info.permutation is not None else CONTIGUOUS_ROUTE_OPS
-        spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if op in names and selection.reads_spaced_slices(op, use_graph))
-        ops = selection.bind_batch(use_graph, info, self._uniform_offsets, names)
-        return BatchRoute(info, ops, spaced, self._uniform_offsets, chunked)
-
-    def _may_chunk(self, use_graph: bool, max_rows: int) -> bool:
-        """Whether a permuted batch of up to ``max_rows`` rows may run chunked kernels: the rule
-        applies to that many rows and the provider of the table's permuted ops has its own
-        (``OpSelection.chunked_decode_kernels``: SGLang's chunked-SGMV kernels for Triton)."""
-        kernels = self.op_selection.chunked_decode_kernels(use_graph)
-        return self.chunked_decode_rule.applies(max_rows) and kernels is not None
-
-    def _chunk_routing(self, info: LoRABatchInfo) -> ChunkedRouting:
-        """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
-        chunks of its ``max_len`` tokens; in a decode graph (whenever graphs may chunk: SGLang
-        prepares the live batch, the graph replayed may have been captured at a larger size), into
-        the persistent buffers over their whole length, the chunks past the live ones empty."""
-        rule, num_slots = self.chunked_decode_rule, info.weight_indices.shape[0]
-        if info.use_cuda_graph:
-            indptr, slots = chunk_segments(
-                info.seg_indptr, info.weight_indices, rule.chunk_size, self._graph_chunks[1].shape[0], out=self._graph_chunks
-            )
-        else:
-            count = max_chunks(info.max_len, num_slots, rule.chunk_size)
-            indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
-        kernels = self.op_selection.chunked_decode_kernels(info.use_cuda_graph)
-        return ChunkedRouting(info, indptr, slots, num_slots, rule, kernels)
-
-    def _uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
-        """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and
-        kept (a captured graph reads its address). Built during a capture (never before in eager),
-        it is recorded in that graph and not kept, since its values exist only once the graph runs."""
-        offsets = self._kept_uniform_offsets.get((num_slices, slice_size))
-        if offsets is None:
-            offsets = torch.arange(num_slices + 1, dtype=torch.int32, device=self.device) * slice_size
-            if not capturing(offsets.device):
-                self._kept_uniform_offsets[(num_slices, slice_size)] = offsets
-        return offsets
+        """The route of ``info`` in this batch (:meth:`RouteTable.route`); the ``run_*`` methods
+        call this only for another batch info than the last one
+        (``routes.last_route if info is routes.last_info else self._route(info)``)."""
+        return self.routes.route(info, self.op_selection, self.chunked_decode_rule)
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 
@@ -382,8 +310,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         **kwargs,
     ) -> torch.Tensor:
         """Shrink. x: (s, K); weights: (L, stack_num * R, K) -> (s, stack_num * R), x's dtype."""
-        info = self._sgemm_info(pruned_batch_info)
-        return (self._last_route if info is self._last_info else self._route(info)).shrink(x, weights, stack_num)
+        info, routes = self._sgemm_info(pruned_batch_info), self.routes
+        return (routes.last_route if info is routes.last_info else self._route(info)).shrink(x, weights, stack_num)
 
     def run_lora_b_sgemm(
         self,
@@ -399,8 +327,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         ``output_offset`` / ``output_offset_cpu`` from the layers are not needed: one slice
         spans all ``N`` output columns.
         """
-        info = self._sgemm_info(pruned_batch_info)
-        return (self._last_route if info is self._last_info else self._route(info)).expand(x, weights, base_output)
+        info, routes = self._sgemm_info(pruned_batch_info), self.routes
+        return (routes.last_route if info is routes.last_info else self._route(info)).expand(x, weights, base_output)
 
     def run_qkv_lora(
         self,
@@ -420,14 +348,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         output_offset: (n_slices + 1,) device int32 band boundaries; max_qkv_out_dim: widest band.
         Returns (s, sum of bands).
         """
-        info = self._sgemm_info()
-        route = self._last_route if info is self._last_info else self._route(info)
-        lora_a_output = route.shrink(x, qkv_lora_a, n_slices)
-        if base_output is not None and base_output.shape[-1] != qkv_lora_b.shape[-2]:
-            return _onto_leading_columns(
-                base_output, route.expand_slices, lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices
-            )
-        return route.expand_slices(lora_a_output, qkv_lora_b, output_offset, max_qkv_out_dim, n_slices, base_output)
+        info, routes = self._sgemm_info(), self.routes
+        route = routes.last_route if info is routes.last_info else self._route(info)
+        return stacked_projection(route, x, qkv_lora_a, qkv_lora_b, output_offset, max_qkv_out_dim, base_output, n_slices)
 
     def run_gate_up_lora(
         self,
@@ -439,53 +362,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         **kwargs,
     ) -> torch.Tensor:
         """Fused gate/up with two equal bands. x: (s, K); A: (L, 2R, K); B: (L, 2N, R) -> (s, 2N)."""
-        info = self._sgemm_info()
-        route = self._last_route if info is self._last_info else self._route(info)
-        lora_a_output = route.shrink(x, gate_up_lora_a, 2)
-        lora_dim = gate_up_lora_b.shape[-2]
-        if base_output is not None and base_output.shape[-1] != lora_dim:
-            return _onto_leading_columns(base_output, route.expand_gate_up, lora_a_output, gate_up_lora_b, lora_dim // 2)
-        return route.expand_gate_up(lora_a_output, gate_up_lora_b, lora_dim // 2, base_output)
-
-
-def built_line(name: str, device, selection) -> str:
-    """The line a backend logs when it is built: the provider of each op eager / in graphs (ops
-    grouped by provider pair), whether native ops in graphs still wait for their trial capture,
-    and the pool layout the ops read (``selection``: an
-    :class:`~sglang_xpu_lora.providers.OpSelection`)."""
-    groups: dict[str, list[str]] = {}
-    for op, choice in selection.choices.items():
-        groups.setdefault(f"{choice.provider.name}/{selection.graph_choices[op].provider.name}", []).append(op)
-    ops = "; ".join(
-        f"{pair} for {'all ' + str(len(ops)) + ' ops' if len(ops) == len(selection.choices) else ', '.join(ops)}"
-        for pair, ops in groups.items()
-    )
-    if not selection.graph_decided:
-        ops += " (native ops in graphs once a trial capture at graph set-up accepts them)"
-    return (
-        f"{name} LoRA backend built on {torch.device(device).type} ({KERNELS_ENV}={selection.setting.value}): "
-        f"providers eager/in graphs: {ops}; LoRA pool: {selection.pool_layout}"
-    )
-
-
-def _onto_leading_columns(
-    base_output: torch.Tensor, expand: Callable[..., torch.Tensor], x: torch.Tensor, weights: torch.Tensor, *args
-) -> torch.Tensor:
-    """``expand(x, weights, *args, base)`` for a layer whose LoRA covers only its first output
-    partitions.
-
-    SGLang's prefix-partition layers (``MergedColumnParallelLinearWithLoRA`` with fewer LoRA slices
-    than base partitions: Mamba2 ``in_proj``, LFM2 ``in_proj``) pass ``base_output`` of shape
-    ``(s, N_total)`` while LoRA-B (``weights``, ``(L, lora_dim, R)``) spans only the first
-    ``lora_dim`` columns. SGLang's Triton kernels (``qkv_lora_b_fwd``, ``gate_up_lora_b_fwd``) serve
-    them by writing through ``base_output``'s strides: the LoRA delta lands in columns
-    ``[0, lora_dim)`` in place, the other columns pass through, and ``base_output`` is returned.
-    This does the same around every provider's ops, whose results are ``(s, lora_dim)`` (new tensors
-    from the native ops, the base handed to them from the Triton and portable ones): the leading
-    columns are handed to the op as a contiguous ``(s, lora_dim)`` base and its result is copied
-    back into them. The ``run_*`` methods call it only when ``base_output`` is
-    wider than LoRA-B. Shapes only, no host sync, capture-safe.
-    """
-    leading = base_output[:, : weights.shape[-2]]
-    leading.copy_(expand(x, weights, *args, leading.contiguous()))
-    return base_output
+        info, routes = self._sgemm_info(), self.routes
+        route = routes.last_route if info is routes.last_info else self._route(info)
+        return gate_up_projection(route, x, gate_up_lora_a, gate_up_lora_b, base_output)
