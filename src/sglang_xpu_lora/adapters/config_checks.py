@@ -17,6 +17,7 @@ import re
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from sglang_xpu_lora.adapters import AdapterRejected
+from sglang_xpu_lora.upstream.compat import TESTED_SGLANG
 
 #: ``target_modules`` strings SGLang resolves itself (against the base model).
 SGLANG_TARGET_SHORTHANDS = ("all", "all-linear")
@@ -352,7 +353,7 @@ def check_target_modules(
             "model (or, if it has no tensors for them, remove them from target_modules in adapter_config.json)"
         )),
         (capable, lambda bad: (
-            f"names {bad}: the base model has them, but SGLang 0.5.23 has no LoRA layer for them (it "
+            f"names {bad}: the base model has them, but SGLang {TESTED_SGLANG} has no LoRA layer for them (it "
             f"serves LoRA on {sorted(capable)} only, as SGLang names them); merge the adapter into the "
             "base model (PeftModel.merge_and_unload) and serve that"
         )),

@@ -24,7 +24,7 @@ import re
 from typing import Iterable, Optional, Sequence
 
 from sglang_xpu_lora.upstream import targets
-from sglang_xpu_lora.upstream.compat import resolve
+from sglang_xpu_lora.upstream.compat import TESTED_SGLANG, resolve
 
 #: SGLang's normalized target modules that, both present, put LoRA on every ``FusedMoE`` layer.
 MOE_TARGETS = ("gate_up_proj", "down_proj")
@@ -95,7 +95,7 @@ def expert_lora_refusal(
         if homes else "this model has no such modules outside the routed experts, "
     )
     return (
-        f"LoRA on {device} cannot serve these target modules: {'; '.join(named)}. SGLang 0.5.23 "
+        f"LoRA on {device} cannot serve these target modules: {'; '.join(named)}. SGLang {TESTED_SGLANG} "
         "reads gate_proj/up_proj (gate_up_proj) and down_proj as LoRA targets of the routed experts "
         f"too and wraps every MoE layer's experts ({experts[0]}, ...) when both are targeted; "
         f"{trained}but the experts are wrapped all the same, and SGLang runs LoRA on experts only in "

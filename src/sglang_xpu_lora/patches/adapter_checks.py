@@ -139,7 +139,7 @@ def check_lora_paths(server_args: Any) -> None:
         if not flag and plan.target_regex is None and plan.target_modules is not None:
             sources.append((f"adapter {ref.lora_name!r}", plan.target_modules, frozenset(_normalize_given(plan.target_modules))))
     if not problems and base is not None:
-        from sglang_xpu_lora.providers.triton_ops import triton_support  # the ops' modules load lazily
+        from sglang_xpu_lora.providers import triton_support  # the ops' modules load lazily
 
         refusal = expert_lora_refusal(sources, base.module_names, cfg.device, triton_support(cfg.device))
         if refusal:
