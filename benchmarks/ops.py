@@ -60,7 +60,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, accelerator, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, time_call, write
 from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
@@ -309,16 +309,7 @@ def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
 
 def graph(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
     """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) and return its replay."""
-    gpu = accelerator(device)
-    stream = gpu.Stream()
-    stream.wait_stream(gpu.current_stream())
-    with gpu.stream(stream):
-        fn()
-    gpu.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph() if device.type == "cuda" else torch.xpu.XPUGraph()
-    with gpu.graph(g):
-        fn()
-    return g.replay
+    return capture(fn, device)[0].replay
 
 
 def check_graph_replay(device, dtype) -> dict:
