@@ -54,7 +54,6 @@ Writes ``layer-<device>[-quick].{json,md,png}`` (and ``.partial.jsonl`` as point
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -226,14 +225,16 @@ class Server:
         ]
 
 
-@contextlib.contextmanager
-def _emulated(build: Optional[str]):
-    """The emulated sgl-kernel-xpu ``build`` installed (it stays registered for the process)."""
-    if build:
-        from sglang_cpu_devsupport import kernel_emulator
+def _use_emulated_build(build: Optional[str]) -> None:
+    """Have exactly the emulated sgl-kernel-xpu ``build`` installed (None: none), so that each
+    ``intel_xpu`` path's selection, made when its backend is built, sees only its own build."""
+    from sglang_cpu_devsupport import kernel_emulator
 
-        kernel_emulator.install(build)
-    yield
+    if kernel_emulator.installed_build != build:
+        if kernel_emulator.installed_build is not None:
+            kernel_emulator.uninstall()
+        if build:
+            kernel_emulator.install(build)
 
 
 def make_backend(path: str, device: torch.device, max_rank: int, dtype, args):
@@ -263,7 +264,9 @@ def make_backend(path: str, device: torch.device, max_rank: int, dtype, args):
         from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
         kernels = {"intel_xpu_portable": "torch"}.get(path, os.environ.get("SGLANG_XPU_LORA_KERNELS", "auto"))
-        with _emulated(args.emulated_build if path == "intel_xpu_box" else None), kernels_env(kernels):
+        if args.emulated_build:  # the box path is built last (PATHS order): it keeps its build installed
+            _use_emulated_build(args.emulated_build if path == "intel_xpu_box" else None)
+        with kernels_env(kernels):
             backend = IntelXpuLoRABackend(MAX_LORAS, device)
         # The pool the plugin's hook hands over (its rank and dtype size the trial captures).
         backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=max_rank, dtype=dtype)

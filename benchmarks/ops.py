@@ -40,6 +40,10 @@ On CPU the ``intel_xpu`` tier runs only under ``TRITON_INTERPRET=1`` (Triton's i
 ``SGLANG_XPU_LORA_KERNELS=triton``: ``auto`` never picks the interpreter), and ``--quick`` then uses a
 tiny layer shape: a smoke test, not a measurement.
 
+As a server runs them, the B ops add into the layer's base output (``Case.base_outputs``; no
+zero-fill kernels), and graph figures are device events around back-to-back replays
+(:func:`benchmarks.common.replay_time`), not one replay and a synchronize.
+
 Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ``speedup_vs_torch_native`` is torch_native
 time / portable time, ``graph_ratio_vs_*`` a path's graph time / the peer's graph time, and
 ``intel_xpu_graph_vs_best_peer`` the tier's graph time / the faster of ``triton`` and ``csgmv``,
@@ -60,7 +64,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, replay_time, time_call, write
 from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
@@ -88,6 +92,10 @@ class Case:
             b[:, :, :real] = torch.randn(MAX_LORAS, sum(outs), real, generator=gen) * 0.02
             self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
         self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
+        #: The base layer's output each module's B op adds into, as SGLang's layers pass it (zeros
+        #: here: :meth:`zero_base_outputs` before a checked call; timed calls accumulate into it).
+        self.base_outputs = {name: torch.zeros(tokens, sum(outs), dtype=dtype, device=device)
+                             for name, (_, outs) in model.modules().items()}
         if mode == "decode":
             request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
             request_lens = [1] * tokens
@@ -122,6 +130,11 @@ class Case:
             n: slice_layout.spacing_index(self.seg_indptr, self.weight_indices, self.ranks, tokens, n, rank, self.permutation)
             for n in {len(outs) for _, _, outs in self.weights.values()} if n > 1
         }
+
+    def zero_base_outputs(self) -> None:
+        """Zero the B ops' base outputs, so that the next call's output is the LoRA term alone."""
+        for out in self.base_outputs.values():
+            out.zero_()
 
     def begin_batch(self) -> None:
         """Start a batch: a new routing cache for the portable ops, as a backend's batch binds one."""
@@ -158,7 +171,7 @@ class Case:
             mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=n, **meta)
         if n > 1 and reads_spaced(expand_op):
             mid = slice_layout.spaced_slices(mid, self.spacing[n])
-        expand = dict(input_x=mid, scalings=self.scalings, **meta)
+        expand = dict(input_x=mid, scalings=self.scalings, base_output=self.base_outputs[name], **meta)
         if self.permutation is not None:
             return ops.chunked_sgmv_lora_expand_fwd(
                 weights=b, slice_offsets=self.offsets[name], max_slice_size=max(outs), num_slices=n,
@@ -237,14 +250,14 @@ class Case:
 
         def run(name):
             a, b, outs = self.weights[name]
-            x, offsets = self.inputs[name], self.offsets[name]
+            x, offsets, base = self.inputs[name], self.offsets[name], self.base_outputs[name]
             if len(outs) == 3:
                 return backend.run_qkv_lora(
-                    x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=None
+                    x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=base
                 )
             if len(outs) == 2:
-                return backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, output_offset=offsets, base_output=None)
-            return backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a), weights=b, output_offset=offsets, base_output=None)
+                return backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, output_offset=offsets, base_output=base)
+            return backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a), weights=b, output_offset=offsets, base_output=base)
 
         return run
 
@@ -267,7 +280,7 @@ class Case:
         def run(name):
             a, b, outs = self.weights[name]
             mid = lora_ops.sgemm_lora_a_fwd(self.inputs[name], a, wi, sl, ranks, scalings, len(outs))
-            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu())
+            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu(), self.base_outputs[name])
 
         return run
 
@@ -335,9 +348,11 @@ def check_graph_replay(device, dtype) -> dict:
     first = {name: out.clone() for name, out in outputs.items()}
     for attr in ("seg_indptr", "weight_indices", "permutation"):
         getattr(case, attr).copy_(getattr(other, attr))
+    case.zero_base_outputs()
     replay()
     replayed = {name: out.clone() for name, out in outputs.items()}
     case.begin_batch()
+    case.zero_base_outputs()
     expected = {name: case.portable(name) for name in case.weights}
     return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
@@ -453,14 +468,14 @@ def run(args) -> list[dict]:
             row.update(backend_tiers(case, device, args, graphs))
         if gpu:
             if graphs and not args.no_portable:
-                row["portable_graph_ms"] = time_call(graph(layer(case.portable, case), device), device, min_seconds=args.seconds) * 1e3
+                row["portable_graph_ms"] = replay_time(graph(layer(case.portable, case), device), device)[0] * 1e3
                 row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
             from benchmarks import triton_peers
 
             for peer, fn in triton_peers.peers(case).items():
                 measure(row, peer, layer(fn, case), device, args)
                 if graphs:
-                    row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
+                    row[f"{peer}_graph_ms"] = replay_time(graph(layer(fn, case), device), device)[0] * 1e3
                     if "portable_graph_ms" in row:
                         row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
             for tier in ("intel_xpu", "intel_xpu_eager", "intel_xpu_chunked"):
@@ -486,9 +501,13 @@ def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, 
     tables = {"": False, "_graph": True} if graphs else {"": False}
     for suffix, use_graph in tables.items():
         fn = case.intel_xpu_fn(selection, use_graph)
-        timed = graph(layer(fn, case), device) if use_graph else layer(fn, case)
-        result[f"intel_xpu{suffix}_ms"] = time_call(timed, device, min_seconds=seconds) * 1e3
+        if use_graph:
+            seconds_per_call = replay_time(graph(layer(fn, case), device), device)[0]
+        else:
+            seconds_per_call = time_call(layer(fn, case), device, min_seconds=seconds)
+        result[f"intel_xpu{suffix}_ms"] = seconds_per_call * 1e3
         case.begin_batch()
+        case.zero_base_outputs()
         result[f"intel_xpu{suffix}_max_error"] = max(
             float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
         )
@@ -513,8 +532,9 @@ def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
     reference = {name: reference_output(case, name) for name in case.weights}
     for tier, fn in tiers.items():
         measure(result, tier, layer(fn, case), device, args)
+        case.zero_base_outputs()
         if graphs and tier != "triton_backend":
-            result[f"{tier}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
+            result[f"{tier}_graph_ms"] = replay_time(graph(layer(fn, case), device), device)[0] * 1e3
         if tier != "triton_backend":
             result[f"{tier}_max_error"] = max(
                 float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
