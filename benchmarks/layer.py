@@ -29,7 +29,8 @@ server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of 
 graph figures hold one route build (2-4 µs on an H200) where a server pays it once per forward.
 Every output is checked against a float64 reference (base GEMM + a loop over the slots at real
 rank): ``<path>_error`` is the largest ``max|out - ref| / max|ref|`` over the four linears, and
-``--tolerance`` (bf16: 2e-2; float32 on CPU: 1e-4) fails the path at that point (``<path>_failed``). A path that raises
+``--tolerance`` (bf16: 2e-2; float32 on CPU: 1e-4) fails the path at that point
+(``<path>_failed``). A path that raises
 records the error (``<path>_failed``) and the run goes on: on an Intel GPU ``triton_v2`` fails
 this way in SGLang 0.5.23 (its expand kernels read offsets from a CUDA device only).
 
@@ -43,7 +44,7 @@ routes every request to the pool's base slot (rank 0), as SGLang does; ``triton_
 LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-LoRA graph for it).
 
     python -m benchmarks.layer --device cuda            # the H200 grid (about 8 minutes)
-    python -m benchmarks.layer --device xpu             # an Intel GPU (kit: examples/xpu/measure.sh)
+    python -m benchmarks.layer --device xpu             # an Intel GPU (the kit runs it)
     python -m benchmarks.layer --quick                  # CPU smoke run: tiny layer, torch paths
     python -m benchmarks.layer --plot-only benchmarks/results/layer-cuda.json
 
@@ -65,7 +66,15 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, replay_time, write
+from benchmarks.common import (
+    GRAPH_DEVICES,
+    MODELS,
+    RESULTS,
+    ModelShape,
+    capture,
+    replay_time,
+    write,
+)
 from benchmarks.ops import MAX_LORAS, TINY, Case, kernels_env, reference_output
 
 #: SGLang's LoRA backends measured as peers; the best of the first three is the target.
@@ -107,7 +116,11 @@ def grid(args) -> list[tuple]:
     """The run's points, after the ``--models``/``--modes``/``--tokens``/``--adapters`` filters;
     ``--quick``: a tiny layer on CPU, one point per mode (and the no-adapter batch)."""
     if args.quick:
-        points = [("tiny", "eager", 16, 8, 4, 8), ("tiny", "prefill", 16, 16, 1, 1024), ("tiny", "eager", 16, 0, 0, 4)]
+        points = [
+            ("tiny", "eager", 16, 8, 4, 8),
+            ("tiny", "prefill", 16, 16, 1, 1024),
+            ("tiny", "eager", 16, 0, 0, 4),
+        ]
         if torch.device(args.device).type in GRAPH_DEVICES:
             points.insert(0, ("tiny", "graph", 16, 8, 4, 8))
         return points
@@ -116,7 +129,9 @@ def grid(args) -> list[tuple]:
         model, mode, _, _, adapters, tokens = point
         if (args.models and model not in args.models) or (args.modes and mode not in args.modes):
             continue
-        if (args.tokens and tokens not in args.tokens) or (args.adapters is not None and adapters not in args.adapters):
+        if (args.tokens and tokens not in args.tokens) or (
+            args.adapters is not None and adapters not in args.adapters
+        ):
             continue
         keep.append(point)
     return keep
@@ -128,14 +143,23 @@ class LoraLinear:
     ``A_buffer_qkv``/``B_buffer_qkv``, ``output_offset`` on the device and ``output_offset_cpu``,
     ``lora_offsets``, the merged layer's ``use_gate_up_lora``), ``apply_lora`` making the backend
     calls of ``QKVParallelLinearWithLoRA`` (qkv), ``MergedColumnParallelLinearWithLoRA`` (gate_up)
-    and ``RowParallelLinearWithLoRA`` (o, down), and :meth:`forward` the layers' ``forward_with_base``
+    and ``RowParallelLinearWithLoRA`` (o, down), and :meth:`forward` the layers'
+    ``forward_with_base``
     call (tests/integration/test_layer_benchmark.py checks the calls against SGLang's classes).
 
     ``weight``: base weight ``(out features, in features)``; ``a``: ``(slots, slices * max_rank,
     in)``; ``b``: ``(slots, out, max_rank)``; ``outs``: the slices' widths.
     """
 
-    def __init__(self, kind: str, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, outs: tuple, backend):
+    def __init__(
+        self,
+        kind: str,
+        weight: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        outs: tuple,
+        backend,
+    ):
         self.kind, self.weight, self.lora_backend = kind, weight, backend
         self.lora_a = self.A_buffer = self.A_buffer_qkv = a
         self.lora_b = self.B_buffer = self.B_buffer_qkv = b
@@ -148,15 +172,30 @@ class LoraLinear:
 
     def apply_lora(self, base_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``base_output`` plus this linear's LoRA, through the backend's ``run_*`` methods."""
-        backend, offsets = self.lora_backend, dict(output_offset=self.output_offset, output_offset_cpu=self.output_offset_cpu)
+        backend, offsets = self.lora_backend, dict(
+            output_offset=self.output_offset, output_offset_cpu=self.output_offset_cpu
+        )
         if self.kind == "qkv":
-            return backend.run_qkv_lora(x=x, qkv_lora_a=self.A_buffer_qkv, qkv_lora_b=self.B_buffer_qkv,
-                                        base_output=base_output, max_qkv_out_dim=self.max_qkv_out_dim, **offsets)
+            return backend.run_qkv_lora(
+                x=x,
+                qkv_lora_a=self.A_buffer_qkv,
+                qkv_lora_b=self.B_buffer_qkv,
+                base_output=base_output,
+                max_qkv_out_dim=self.max_qkv_out_dim,
+                **offsets,
+            )
         if self.kind == "gate_up":
-            return backend.run_gate_up_lora(x=x, gate_up_lora_a=self.A_buffer, gate_up_lora_b=self.B_buffer,
-                                            base_output=base_output, **offsets)
+            return backend.run_gate_up_lora(
+                x=x,
+                gate_up_lora_a=self.A_buffer,
+                gate_up_lora_b=self.B_buffer,
+                base_output=base_output,
+                **offsets,
+            )
         lora_a_output = backend.run_lora_a_sgemm(x, self.A_buffer)
-        return backend.run_lora_b_sgemm(x=lora_a_output, weights=self.B_buffer, base_output=base_output, **offsets)
+        return backend.run_lora_b_sgemm(
+            x=lora_a_output, weights=self.B_buffer, base_output=base_output, **offsets
+        )
 
     def lora_active(self) -> bool:
         """SGLang's ``BaseLayerWithLoRA.lora_active`` outside a capture: a backend that skips
@@ -190,7 +229,9 @@ class Server:
 
     def __init__(self, model: ModelShape, max_rank: int, paths: list[str], dtype, device, args):
         self.model, self.max_rank, self.dtype, self.device = model, max_rank, dtype, device
-        if device.type == "cpu":  # SGLang's batch preparation pins host memory: a no-op without an accelerator
+        if (
+            device.type == "cpu"
+        ):  # SGLang's batch preparation pins host memory: a no-op without an accelerator
             from sglang_cpu_devsupport import pin_memory
 
             pin_memory.register()
@@ -263,8 +304,12 @@ def make_backend(path: str, device: torch.device, max_rank: int, dtype, args):
     if path in INTEL_PATHS:
         from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
-        kernels = {"intel_xpu_portable": "torch"}.get(path, os.environ.get("SGLANG_XPU_LORA_KERNELS", "auto"))
-        if args.emulated_build:  # the box path is built last (PATHS order): it keeps its build installed
+        kernels = {"intel_xpu_portable": "torch", "intel_xpu_box": "auto"}.get(
+            path, os.environ.get("SGLANG_XPU_LORA_KERNELS", "auto")
+        )
+        if (
+            args.emulated_build
+        ):  # the box path is built last (PATHS order): it keeps its build installed
             _use_emulated_build(args.emulated_build if path == "intel_xpu_box" else None)
         with kernels_env(kernels):
             backend = IntelXpuLoRABackend(MAX_LORAS, device)
@@ -291,17 +336,32 @@ def prepare(backend, case: Case, adapters: int, use_graph: bool) -> None:
 def reference(server: Server, case: Case, adapters: int) -> dict[str, dict[str, torch.Tensor]]:
     """float64 output of each linear, per path kind: ``"base"`` the base GEMM, ``"lora"`` the base
     GEMM plus (with adapters) the LoRA loop over the slots."""
-    base = {name: case.inputs[name].double() @ weight.double().t() for name, weight in server.weights.items()}
-    return {"base": base, "lora": {name: ref + reference_output(case, name) for name, ref in base.items()} if adapters else base}
+    base = {
+        name: case.inputs[name].double() @ weight.double().t()
+        for name, weight in server.weights.items()
+    }
+    return {
+        "base": base,
+        "lora": (
+            {name: ref + reference_output(case, name) for name, ref in base.items()}
+            if adapters
+            else base
+        ),
+    }
 
 
 def relative_error(outputs: list[torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
     """Largest ``max|out - ref| / max|ref|`` over the linears (NaN anywhere gives NaN)."""
-    errors = [float((o.double() - r).abs().max() / r.abs().max().clamp(min=1e-30)) for o, r in zip(outputs, ref.values())]
+    errors = [
+        float((o.double() - r).abs().max() / r.abs().max().clamp(min=1e-30))
+        for o, r in zip(outputs, ref.values())
+    ]
     return float("nan") if any(e != e for e in errors) else max(errors)
 
 
-def measure_path(server: Server, path: str, case: Case, mode: str, adapters: int, ref, args) -> dict:
+def measure_path(
+    server: Server, path: str, case: Case, mode: str, adapters: int, ref, args
+) -> dict:
     """``<path>_us``, ``_spread`` and ``_error`` of one path at one point, ``ref`` from
     :func:`reference` (``_failed`` too when it raises or misses ``--tolerance``)."""
     device = server.device
@@ -327,7 +387,11 @@ def measure_path(server: Server, path: str, case: Case, mode: str, adapters: int
             run()
         else:
             run, outputs = forward, forward()
-        calls, rounds = (args.prefill_calls, args.prefill_rounds) if mode == "prefill" else (args.calls, args.rounds)
+        calls, rounds = (
+            (args.prefill_calls, args.prefill_rounds)
+            if mode == "prefill"
+            else (args.calls, args.rounds)
+        )
         seconds, spread = replay_time(run, device, calls=calls, rounds=rounds)
         if not use_graph:
             outputs = forward()
@@ -386,6 +450,8 @@ def run(args) -> list[dict]:
     paths = args.paths or default_paths(device)
     if not args.emulated_build and "intel_xpu_box" in paths:
         paths.remove("intel_xpu_box")
+    if "intel_xpu_box" not in paths:
+        args.emulated_build = None  # no emulator (nor its package) needed
     points = grid(args)
     rows, servers, started = [], {}, time.perf_counter()
     partial = Path(args.out) / f"{args.name}.partial.jsonl"
@@ -394,7 +460,10 @@ def run(args) -> list[dict]:
     for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
         if time.perf_counter() - started > args.budget_seconds:
             args.cut_short = len(points) - index
-            print(f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run", flush=True)
+            print(
+                f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run",
+                flush=True,
+            )
             break
         key = (model, max_rank)
         if key not in servers:
@@ -403,13 +472,30 @@ def run(args) -> list[dict]:
                 torch.cuda.empty_cache()
             shape = TINY if model == "tiny" else MODELS[model]
             servers[key] = Server(shape, max_rank, paths, dtype, device, args)
-            args.backend_failures = {**getattr(args, "backend_failures", {}), **servers[key].failures}
-            args.intel_xpu_providers = {**getattr(args, "intel_xpu_providers", {}), **providers(servers[key])}
+            args.backend_failures = {
+                **getattr(args, "backend_failures", {}),
+                **servers[key].failures,
+            }
+            args.intel_xpu_providers = {
+                **getattr(args, "intel_xpu_providers", {}),
+                **providers(servers[key]),
+            }
         server = servers[key]
         case_mode = "decode" if mode in ("graph", "eager") else "prefill"
-        case = Case(server.model, max_rank, max(adapters, 1), tokens, case_mode, dtype, device, real_rank=rank or max_rank)
+        case = Case(
+            server.model,
+            max_rank,
+            max(adapters, 1),
+            tokens,
+            case_mode,
+            dtype,
+            device,
+            real_rank=rank or max_rank,
+        )
         ref = reference(server, case, adapters)
-        row = dict(model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens)
+        row = dict(
+            model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
+        )
         for path in paths:
             if path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max:
                 continue
@@ -430,25 +516,58 @@ def providers(server: Server) -> dict:
         backend = server.backends.get(path)
         if backend is not None:
             sel = backend.op_selection
-            out[path] = {op: f"{sel.choices[op].provider.name} / {sel.graph_choices[op].provider.name}" for op in sel.choices}
+            out[path] = {
+                op: f"{sel.choices[op].provider.name} / {sel.graph_choices[op].provider.name}"
+                for op in sel.choices
+            }
     return out
 
 
 def _line(row: dict, paths: list[str]) -> str:
-    head = f"{row['model']} {row['mode']} r{row['rank']}/{row['max_rank']} a{row['adapters']} t{row['tokens']}:"
-    cells = [f"{p} {row[p + '_us']:.1f}" + ("!" if p + "_failed" in row else "") if p + "_us" in row else f"{p} FAIL"
-             for p in paths if p + "_us" in row or p + "_failed" in row]
+    point = f"r{row['rank']}/{row['max_rank']} a{row['adapters']} t{row['tokens']}"
+    head = f"{row['model']} {row['mode']} {point}:"
+    cells = [
+        (
+            f"{p} {row[p + '_us']:.1f}" + ("!" if p + "_failed" in row else "")
+            if p + "_us" in row
+            else f"{p} FAIL"
+        )
+        for p in paths
+        if p + "_us" in row or p + "_failed" in row
+    ]
     ratio = row.get("intel_xpu_vs_best_peer")
-    return " ".join([head, *cells] + ([f"| intel_xpu/best {ratio:.2f} ({row['best_peer']})"] if ratio else []))
+    return " ".join(
+        [head, *cells] + ([f"| intel_xpu/best {ratio:.2f} ({row['best_peer']})"] if ratio else [])
+    )
 
 
-COLUMNS = ["model", "mode", "max_rank", "rank", "adapters", "tokens", "base_us", "triton_us", "csgmv_us", "triton_v2_us",
-           "torch_native_us", "intel_xpu_us", "intel_xpu_portable_us", "intel_xpu_box_us", "best_peer",
-           "intel_xpu_vs_best_peer", "intel_xpu_box_vs_best_peer", "triton_v2_overhead_us", "intel_xpu_overhead_us",
-           "triton_v2_vs_best_legacy"]
+COLUMNS = [
+    "model",
+    "mode",
+    "max_rank",
+    "rank",
+    "adapters",
+    "tokens",
+    "base_us",
+    "triton_us",
+    "csgmv_us",
+    "triton_v2_us",
+    "torch_native_us",
+    "intel_xpu_us",
+    "intel_xpu_portable_us",
+    "intel_xpu_box_us",
+    "best_peer",
+    "intel_xpu_vs_best_peer",
+    "intel_xpu_box_vs_best_peer",
+    "triton_v2_overhead_us",
+    "intel_xpu_overhead_us",
+    "triton_v2_vs_best_legacy",
+]
 
 
-def plot(rows: list[dict], path: Path, *, rank: int = 16, max_rank: int = 64, adapters: int = 8) -> None:
+def plot(
+    rows: list[dict], path: Path, *, rank: int = 16, max_rank: int = 64, adapters: int = 8
+) -> None:
     """Graph-captured decode: layer time against tokens, one line per path, base GEMMs shaded as
     the floor; one panel per model."""
     try:
@@ -462,13 +581,24 @@ def plot(rows: list[dict], path: Path, *, rank: int = 16, max_rank: int = 64, ad
     models = [m for m in dict.fromkeys(r["model"] for r in rows)]
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
-        chosen = [r for r in rows if r["model"] == model and r["mode"] == "graph" and r["adapters"] == adapters
-                  and r["rank"] == rank and r["max_rank"] == max_rank]
+        chosen = [
+            r
+            for r in rows
+            if r["model"] == model
+            and r["mode"] == "graph"
+            and r["adapters"] == adapters
+            and r["rank"] == rank
+            and r["max_rank"] == max_rank
+        ]
         if not chosen:
             chosen = [r for r in rows if r["model"] == model]
         tokens = [r["tokens"] for r in chosen]
         for p in PATHS:
-            points = [(r["tokens"], r[f"{p}_us"]) for r in chosen if f"{p}_us" in r and f"{p}_failed" not in r]
+            points = [
+                (r["tokens"], r[f"{p}_us"])
+                for r in chosen
+                if f"{p}_us" in r and f"{p}_failed" not in r
+            ]
             if not points:
                 continue
             if p == "base":
@@ -476,8 +606,12 @@ def plot(rows: list[dict], path: Path, *, rank: int = 16, max_rank: int = 64, ad
                 ax.plot(*zip(*points), "k-", lw=1)
             else:
                 ax.plot(*zip(*points), "-o" if p.startswith("intel") else "--s", ms=3, label=p)
-        ax.set(xscale="log", xlabel="decode tokens (requests)", ylabel="µs per layer (qkv+o+gate_up+down, base included)",
-               title=f"{model}: rank {rank} of max {max_rank}, {adapters} adapters, graphs")
+        ax.set(
+            xscale="log",
+            xlabel="decode tokens (requests)",
+            ylabel="µs per layer (qkv+o+gate_up+down, base included)",
+            title=f"{model}: rank {rank} of max {max_rank}, {adapters} adapters, graphs",
+        )
         if tokens:
             ax.set_xticks(sorted(set(tokens)), [str(t) for t in sorted(set(tokens))])
         ax.set_ylim(bottom=0)
@@ -489,7 +623,9 @@ def plot(rows: list[dict], path: Path, *, rank: int = 16, max_rank: int = 64, ad
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="tiny layer, one point per mode: the smoke test")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny layer, one point per mode: the smoke test"
+    )
     names = lambda s: s.split(",")  # noqa: E731
     numbers = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
     parser.add_argument("--paths", type=names, help=f"comma-separated subset of {','.join(PATHS)}")
@@ -497,20 +633,39 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--modes", type=names, help="graph, eager, prefill")
     parser.add_argument("--tokens", type=numbers)
     parser.add_argument("--adapters", type=numbers, help="adapter counts (0: the no-adapter batch)")
-    parser.add_argument("--calls", type=int, default=40, help="back-to-back calls per timed round (decode)")
+    parser.add_argument(
+        "--calls", type=int, default=40, help="back-to-back calls per timed round (decode)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-calls", type=int, default=8)
     parser.add_argument("--prefill-rounds", type=int, default=3)
-    parser.add_argument("--torch-native-graph-max", type=int, default=64,
-                        help="torch_native in decode graphs only up to this many tokens (it loops over requests)")
-    parser.add_argument("--tolerance", type=float, help="largest output error relative to float64 "
-                        "(default: 2e-2 in bfloat16 on a GPU, 1e-4 in float32 on CPU)")
-    parser.add_argument("--emulated-build", default="full",
-                        help="emulated sgl-kernel-xpu build of the intel_xpu_box path ('' to leave the path out)")
-    parser.add_argument("--budget-seconds", type=float, default=float("inf"),
-                        help="start no point after this long (the rows so far are written)")
+    parser.add_argument(
+        "--torch-native-graph-max",
+        type=int,
+        default=64,
+        help="torch_native in decode graphs only up to this many tokens (it loops over requests)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        help="largest output error relative to float64 "
+        "(default: 2e-2 in bfloat16 on a GPU, 1e-4 in float32 on CPU)",
+    )
+    parser.add_argument(
+        "--emulated-build",
+        default="full",
+        help="emulated sgl-kernel-xpu build of the intel_xpu_box path ('' to leave the path out)",
+    )
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=float("inf"),
+        help="start no point after this long (the rows so far are written)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--plot-only", type=Path, help="redraw the plot of an existing results JSON")
+    parser.add_argument(
+        "--plot-only", type=Path, help="redraw the plot of an existing results JSON"
+    )
     args = parser.parse_args(argv)
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
@@ -520,11 +675,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     torch.manual_seed(0)
     rows = run(args)
     extra = {
-        "paths": args.paths_run, "peers": list(PEERS), "graph_max_bs": GRAPH_MAX_BS, "calls": args.calls,
-        "rounds": args.rounds, "prefill_calls": args.prefill_calls, "prefill_rounds": args.prefill_rounds,
-        "tolerance": args.tolerance, "emulated_build": args.emulated_build or None,
+        "paths": args.paths_run,
+        "peers": list(PEERS),
+        "graph_max_bs": GRAPH_MAX_BS,
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "prefill_calls": args.prefill_calls,
+        "prefill_rounds": args.prefill_rounds,
+        "tolerance": args.tolerance,
+        "emulated_build": args.emulated_build or None,
         "intel_xpu_providers": getattr(args, "intel_xpu_providers", {}),
-        "backend_failures": getattr(args, "backend_failures", {}), "points_not_run": args.cut_short,
+        "backend_failures": getattr(args, "backend_failures", {}),
+        "points_not_run": args.cut_short,
     }
     write(args.name, rows, COLUMNS, args.out, extra=extra)
     plot(rows, Path(args.out) / f"{args.name}.png")

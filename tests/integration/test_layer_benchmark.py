@@ -21,22 +21,44 @@ REPO = Path(__file__).resolve().parents[2]
 def test_quick_run_checks_every_path_against_float64(tmp_path):
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.layer", "--quick", "--out", str(tmp_path), "--calls", "2", "--rounds", "2",
-         "--prefill-calls", "1", "--prefill-rounds", "2"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.layer",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--calls",
+            "2",
+            "--rounds",
+            "2",
+            "--prefill-calls",
+            "1",
+            "--prefill-rounds",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "layer-cpu-quick.json").read_text())
     paths = ["base", "torch_native", "intel_xpu_portable", "intel_xpu_box"]
     assert data["paths"] == paths and data["points_not_run"] == 0 and not data["backend_failures"]
-    assert [(r["mode"], r["adapters"]) for r in data["rows"]] == [("eager", 4), ("prefill", 1), ("eager", 0)]
+    assert [(r["mode"], r["adapters"]) for r in data["rows"]] == [
+        ("eager", 4),
+        ("prefill", 1),
+        ("eager", 0),
+    ]
     for row in data["rows"]:
         assert not [k for k in row if k.endswith("_failed")], row
         for path in paths:
             assert row[f"{path}_us"] > 0 and row[f"{path}_error"] < 1e-4, (path, row)
         for path in paths[1:]:
             assert row[f"{path}_overhead_us"] == pytest.approx(row[f"{path}_us"] - row["base_us"])
-    # The emulated build's native ops ran outside graphs (its CPU kernels), the portable ops elsewhere.
+    # The emulated build's native ops ran outside graphs (its CPU kernels), portable ops elsewhere.
     assert data["intel_xpu_providers"]["intel_xpu_box"]["sgemm_lora_a_fwd"] == "native / torch"
     assert data["intel_xpu_providers"]["intel_xpu_portable"]["sgemm_lora_a_fwd"] == "torch / torch"
     assert (tmp_path / "layer-cpu-quick.md").read_text().count("\n") >= 5
@@ -64,8 +86,12 @@ def test_lora_linear_calls_the_backend_as_sglangs_layers_do(kind):
 
     from benchmarks.layer import LoraLinear
 
-    cls = {"qkv": layers.QKVParallelLinearWithLoRA, "gate_up": layers.MergedColumnParallelLinearWithLoRA,
-           "o": layers.RowParallelLinearWithLoRA, "down": layers.RowParallelLinearWithLoRA}[kind]
+    cls = {
+        "qkv": layers.QKVParallelLinearWithLoRA,
+        "gate_up": layers.MergedColumnParallelLinearWithLoRA,
+        "o": layers.RowParallelLinearWithLoRA,
+        "down": layers.RowParallelLinearWithLoRA,
+    }[kind]
     outs = {"qkv": (8, 4, 4), "gate_up": (6, 6), "o": (5,), "down": (5,)}[kind]
     rank = 2
     a, b = torch.zeros(3, len(outs) * rank, 7), torch.zeros(3, sum(outs), rank)
@@ -88,8 +114,15 @@ def test_the_float64_check_fails_a_path_that_drops_the_lora():
     path that ran as if no adapter were active) is failed, not timed as a pass."""
     from benchmarks import layer as bench
 
-    args = types.SimpleNamespace(tolerance=None, calls=1, rounds=1, prefill_calls=1, prefill_rounds=1,
-                                 emulated_build=None, modes=["eager"])
+    args = types.SimpleNamespace(
+        tolerance=None,
+        calls=1,
+        rounds=1,
+        prefill_calls=1,
+        prefill_rounds=1,
+        emulated_build=None,
+        modes=["eager"],
+    )
     device = torch.device("cpu")
     server = bench.Server(bench.TINY, 16, ["base", "torch_native"], torch.float32, device, args)
     case = bench.Case(bench.TINY, 16, 4, 8, "decode", torch.float32, device, real_rank=16)
@@ -97,6 +130,8 @@ def test_the_float64_check_fails_a_path_that_drops_the_lora():
     good = bench.measure_path(server, "torch_native", case, "eager", 4, with_lora, args)
     assert "torch_native_failed" not in good and good["torch_native_error"] < 1e-4
     dropped = bench.measure_path(server, "torch_native", case, "eager", 0, with_lora, args)
-    assert bench.measure_path(server, "base", case, "eager", 4, with_lora, args)["base_error"] < 1e-4
+    assert (
+        bench.measure_path(server, "base", case, "eager", 4, with_lora, args)["base_error"] < 1e-4
+    )
     assert dropped["torch_native_error"] > 1e-3
     assert "over tolerance" in dropped["torch_native_failed"]

@@ -4,4 +4,6 @@ more (MoE LoRA), which a dense layer with a handful of adapter slots never build
 
 
 def _align_block_size_jit(*args, **kwargs):
-    raise NotImplementedError("MoE LoRA routes (SGLang's JIT alignment kernel) are not part of the benchmarks")
+    raise NotImplementedError(
+        "MoE LoRA routes (SGLang's JIT alignment kernel) are not part of the benchmarks"
+    )
