@@ -634,11 +634,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tokens", type=numbers)
     parser.add_argument("--adapters", type=numbers, help="adapter counts (0: the no-adapter batch)")
     parser.add_argument(
-        "--calls", type=int, default=40, help="back-to-back calls per timed round (decode)"
+        "--calls", type=int, help="back-to-back calls per timed round, decode (default 40; quick 3)"
     )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--prefill-calls", type=int, default=8)
-    parser.add_argument("--prefill-rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="timed rounds, decode (default 5; quick 2)")
+    parser.add_argument("--prefill-calls", type=int, help="as --calls, prefill (default 8; quick 1)")
+    parser.add_argument("--prefill-rounds", type=int, help="as --rounds, prefill (default 3; quick 2)")
     parser.add_argument(
         "--torch-native-graph-max",
         type=int,
@@ -670,6 +670,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
         return
+    for key, full, quick in (("calls", 40, 3), ("rounds", 5, 2), ("prefill_calls", 8, 1), ("prefill_rounds", 3, 2)):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     args.name = f"layer-{args.device}" + ("-quick" if args.quick else "")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

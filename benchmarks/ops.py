@@ -92,10 +92,8 @@ class Case:
             b[:, :, :real] = torch.randn(MAX_LORAS, sum(outs), real, generator=gen) * 0.02
             self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
         self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
-        #: The base layer's output each module's B op adds into, as SGLang's layers pass it (zeros
-        #: here: :meth:`zero_base_outputs` before a checked call; timed calls accumulate into it).
-        self.base_outputs = {name: torch.zeros(tokens, sum(outs), dtype=dtype, device=device)
-                             for name, (_, outs) in model.modules().items()}
+        #: Per module, the base output its B op adds into (:meth:`add_base_outputs`), or None.
+        self.base_outputs: Optional[dict] = None
         if mode == "decode":
             request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
             request_lens = [1] * tokens
@@ -131,9 +129,20 @@ class Case:
             for n in {len(outs) for _, _, outs in self.weights.values()} if n > 1
         }
 
+    def add_base_outputs(self) -> None:
+        """Give every module's B op a base output to add into, as SGLang's layers pass one (no
+        zero-fill kernel in the op). Zeros: :meth:`zero_base_outputs` before a checked call makes
+        its output the LoRA term alone; timed calls accumulate into them."""
+        self.base_outputs = {name: torch.zeros(self.tokens, sum(outs), dtype=a.dtype, device=self.device)
+                             for name, (a, _, outs) in self.weights.items()}
+
+    def base_output(self, name: str) -> Optional[torch.Tensor]:
+        """Module ``name``'s base output (:meth:`add_base_outputs`), None without them."""
+        return None if self.base_outputs is None else self.base_outputs[name]
+
     def zero_base_outputs(self) -> None:
-        """Zero the B ops' base outputs, so that the next call's output is the LoRA term alone."""
-        for out in self.base_outputs.values():
+        """Zero the base outputs, so that the next call's output is the LoRA term alone."""
+        for out in (self.base_outputs or {}).values():
             out.zero_()
 
     def begin_batch(self) -> None:
@@ -171,7 +180,7 @@ class Case:
             mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=n, **meta)
         if n > 1 and reads_spaced(expand_op):
             mid = slice_layout.spaced_slices(mid, self.spacing[n])
-        expand = dict(input_x=mid, scalings=self.scalings, base_output=self.base_outputs[name], **meta)
+        expand = dict(input_x=mid, scalings=self.scalings, base_output=self.base_output(name), **meta)
         if self.permutation is not None:
             return ops.chunked_sgmv_lora_expand_fwd(
                 weights=b, slice_offsets=self.offsets[name], max_slice_size=max(outs), num_slices=n,
@@ -250,7 +259,7 @@ class Case:
 
         def run(name):
             a, b, outs = self.weights[name]
-            x, offsets, base = self.inputs[name], self.offsets[name], self.base_outputs[name]
+            x, offsets, base = self.inputs[name], self.offsets[name], self.base_output(name)
             if len(outs) == 3:
                 return backend.run_qkv_lora(
                     x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=base
@@ -280,7 +289,7 @@ class Case:
         def run(name):
             a, b, outs = self.weights[name]
             mid = lora_ops.sgemm_lora_a_fwd(self.inputs[name], a, wi, sl, ranks, scalings, len(outs))
-            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu(), self.base_outputs[name])
+            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu(), self.base_output(name))
 
         return run
 
@@ -334,6 +343,7 @@ def check_graph_replay(device, dtype) -> dict:
     model = MODELS["llama-3.1-8b"]
     case = Case(model, 16, 8, 64, "decode", dtype, device, seed=1)
     other = Case(model, 16, 8, 64, "decode", dtype, device, seed=2)  # other adapters per request
+    case.add_base_outputs()  # the B ops add into the layer's output, as in serving
     outputs = {}
 
     def forward():
@@ -453,6 +463,7 @@ def run(args) -> list[dict]:
     for model, rank, adapters, tokens, mode, real_rank in selected(grid(args), args):
         shape = TINY if model == "tiny" else MODELS[model]
         case = Case(shape, rank, adapters, tokens, mode, dtype, device, real_rank=real_rank)
+        case.add_base_outputs()
         row = dict(model=model, rank=rank, real_rank=real_rank, adapters=adapters, tokens=tokens, mode=mode,
                    dtype=str(dtype).replace("torch.", ""))
         graphs = gpu and not args.no_graphs

@@ -72,14 +72,14 @@ def peers(case) -> dict[str, Callable[[str], torch.Tensor]]:
         a, b, outs = case.weights[name]
         mid = sgemm_lora_a_fwd(case.inputs[name], a, dense_info, stack_num=len(outs))
         if len(outs) == 3:
-            return qkv_lora_b_fwd(mid, b, dense_info, case.offsets[name], max(outs), case.base_outputs[name])
+            return qkv_lora_b_fwd(mid, b, dense_info, case.offsets[name], max(outs), case.base_output(name))
         if len(outs) == 2:
-            return gate_up_lora_b_fwd(mid, b, dense_info, outs[0], case.base_outputs[name])
-        return sgemm_lora_b_fwd(mid, b, dense_info, case.base_outputs[name])
+            return gate_up_lora_b_fwd(mid, b, dense_info, outs[0], case.base_output(name))
+        return sgemm_lora_b_fwd(mid, b, dense_info, case.base_output(name))
 
     def csgmv(name):
         a, b, outs = case.weights[name]
         mid = chunked_sgmv_lora_shrink_forward(case.inputs[name], a, csgmv_info, len(outs))
-        return chunked_sgmv_lora_expand_forward(mid, b, csgmv_info, case.offsets[name], max(outs), case.base_outputs[name])
+        return chunked_sgmv_lora_expand_forward(mid, b, csgmv_info, case.offsets[name], max(outs), case.base_output(name))
 
     return {"triton": triton, "csgmv": csgmv}
