@@ -605,7 +605,13 @@ def plot(
                 ax.fill_between(*zip(*points), 0, color="0.85", label="base GEMMs (floor)")
                 ax.plot(*zip(*points), "k-", lw=1)
             else:
-                ax.plot(*zip(*points), "-o" if p.startswith("intel") else "--s", ms=3, label=p)
+                ax.plot(
+                    *zip(*points),
+                    "-o" if p.startswith("intel") else "--s",
+                    ms=3,
+                    label=p,
+                    color=f"C{PATHS.index(p)}",
+                )
         ax.set(
             xscale="log",
             xlabel="decode tokens (requests)",
@@ -637,8 +643,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         "--calls", type=int, help="back-to-back calls per timed round, decode (default 40; quick 3)"
     )
     parser.add_argument("--rounds", type=int, help="timed rounds, decode (default 5; quick 2)")
-    parser.add_argument("--prefill-calls", type=int, help="as --calls, prefill (default 8; quick 1)")
-    parser.add_argument("--prefill-rounds", type=int, help="as --rounds, prefill (default 3; quick 2)")
+    parser.add_argument(
+        "--prefill-calls", type=int, help="as --calls, prefill (default 8; quick 1)"
+    )
+    parser.add_argument(
+        "--prefill-rounds", type=int, help="as --rounds, prefill (default 3; quick 2)"
+    )
     parser.add_argument(
         "--torch-native-graph-max",
         type=int,
@@ -670,7 +680,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
         return
-    for key, full, quick in (("calls", 40, 3), ("rounds", 5, 2), ("prefill_calls", 8, 1), ("prefill_rounds", 3, 2)):
+    for key, full, quick in (
+        ("calls", 40, 3),
+        ("rounds", 5, 2),
+        ("prefill_calls", 8, 1),
+        ("prefill_rounds", 3, 2),
+    ):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.name = f"layer-{args.device}" + ("-quick" if args.quick else "")
