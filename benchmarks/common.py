@@ -73,6 +73,52 @@ def time_call(fn: Callable[[], object], device: torch.device, *, min_seconds: fl
     return statistics.median(samples)
 
 
+def capture(fn: Callable[[], object], device: torch.device):
+    """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) after one warm-up call on a side
+    stream, as SGLang's graph runners do. Returns ``(graph, what the captured call returned)``: the
+    returned tensors are the graph's outputs, rewritten by every replay."""
+    gpu = accelerator(device)
+    stream = gpu.Stream()
+    stream.wait_stream(gpu.current_stream())
+    with gpu.stream(stream):
+        fn()
+    gpu.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph() if device.type == "cuda" else torch.xpu.XPUGraph()
+    with gpu.graph(g):
+        result = fn()
+    return g, result
+
+
+def replay_time(fn: Callable[[], object], device: torch.device, *, calls: int = 50, rounds: int = 5) -> tuple[float, float]:
+    """Seconds per call of ``fn`` as a server pays it: ``rounds`` timings of ``calls`` back-to-back
+    calls (device events around them on a CUDA or XPU GPU, so nothing waits for the host between
+    calls; a host clock after a synchronize on CPU), after one warm-up call.
+
+    Returns ``(median, spread)``: the median over the rounds of each round's time per call, and
+    the rounds' (slowest - fastest) / median.
+    """
+    gpu = accelerator(device)
+    fn()
+    synchronize(device)
+    per_call = []
+    for _ in range(rounds):
+        if gpu is not None:
+            start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            per_call.append(start.elapsed_time(end) * 1e-3 / calls)
+        else:
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call.append((time.perf_counter() - begin) / calls)
+    median = statistics.median(per_call)
+    return median, (max(per_call) - min(per_call)) / median
+
+
 def machine() -> dict:
     info = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

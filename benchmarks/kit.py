@@ -16,9 +16,13 @@ report with its exit status and the last lines of its output, and the next step 
    against SGLang's ``triton`` and ``csgmv`` kernels, eager and in graphs, adapters of distinct
    scalings at ranks 8, 16 and 64 under ``max_lora_rank`` 64 (``--points below-max-rank``, best of 3;
    ``--quick``: the benchmark's own three-point grid);
-4. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
+4. ``layer``: :mod:`benchmarks.layer`, one decoder layer with its base GEMMs through every SGLang
+   LoRA backend (``triton``, ``csgmv``, ``triton_v2``, ``torch_native``) and ``intel_xpu``, graph
+   decode, eager decode and prefill; a backend that fails on the device is recorded per point (in
+   SGLang 0.5.23 ``triton_v2`` fails on an Intel GPU at its first LoRA layer);
+5. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
    step (a stand-in measured on this device);
-5. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
+6. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
    eager and with decode graphs; its ``BACKENDS``/``SCENARIOS``/``PORT`` settings apply from the
    environment); skipped unless ``--model`` and ``--adapters`` are given.
 
@@ -44,7 +48,7 @@ from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = "sglang-xpu-lora-report.md"
-STEPS = ("doctor", "capture_probe", "ops", "sync_cost", "serving")
+STEPS = ("doctor", "capture_probe", "ops", "layer", "sync_cost", "serving")
 #: Lines of a failed step's output quoted in the report.
 TAIL_LINES = 15
 #: Grid of the op step off ``--quick``: ranks below and at max_lora_rank 64, best of 3.
@@ -83,6 +87,9 @@ def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
         "ops": (
             _python("benchmarks.ops", "--device", device, "--out", str(out), *(("--quick", "--seconds", "0.01") if quick else OPS_GRID)),
             [f"ops-{device}{suffix}.json"], {}),
+        "layer": (
+            _python("benchmarks.layer", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
+            [f"layer-{device}{suffix}.json"], {}),
         "sync_cost": (
             _python("benchmarks.sync_cost", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
             [f"sync-cost-{device}{suffix}.json"], {}),
@@ -309,6 +316,14 @@ def ops_section(report: Optional[dict]) -> list[str]:
                     "", *_table(rows, point + timings + errors)]
 
 
+def layer_section(report: Optional[dict]) -> list[str]:
+    """The layer benchmark's summary, tables and failures as docs/performance.md renders them."""
+    from benchmarks.report import layer
+
+    lines = ["## Layer benchmark (one decoder layer with its base GEMMs, every SGLang LoRA backend; µs)", ""]
+    return lines + [layer(report) if report else "(no layer-benchmark result)"]
+
+
 def serving_rows(folder: Path) -> list[dict]:
     """One row per ``<backend>-<scenario>.jsonl`` of bench_serving.sh (the last record of each), with
     ``intel_xpu``'s output tokens/s over the faster peer's of the same scenario and decode mode."""
@@ -370,7 +385,7 @@ def write_report(args, steps: list[Step]) -> Path:
         [f"# sglang-xpu-lora measurement report ({args.device}{', quick' if args.quick else ''})", "",
          f"`python -m benchmarks.kit {' '.join(args.argv)}`; attach this file to an issue."],
         machine_section(args), steps_section(steps), doctor_section(loaded("doctor")), probe_section(loaded("capture_probe")),
-        ops_section(loaded("ops")), serving_section(out, by_name.get("serving")), sync_section(loaded("sync_cost")),
+        ops_section(loaded("ops")), layer_section(loaded("layer")), serving_section(out, by_name.get("serving")), sync_section(loaded("sync_cost")),
         raw_section(out, steps),
     ]
     path = out / REPORT

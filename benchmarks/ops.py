@@ -40,6 +40,10 @@ On CPU the ``intel_xpu`` tier runs only under ``TRITON_INTERPRET=1`` (Triton's i
 ``SGLANG_XPU_LORA_KERNELS=triton``: ``auto`` never picks the interpreter), and ``--quick`` then uses a
 tiny layer shape: a smoke test, not a measurement.
 
+As a server runs them, the B ops add into the layer's base output (``Case.base_outputs``; no
+zero-fill kernels), and graph figures are device events around back-to-back replays
+(:func:`benchmarks.common.replay_time`), not one replay and a synchronize.
+
 Writes ``benchmarks/results/ops-<device>.{json,md,png}``; ``speedup_vs_torch_native`` is torch_native
 time / portable time, ``graph_ratio_vs_*`` a path's graph time / the peer's graph time, and
 ``intel_xpu_graph_vs_best_peer`` the tier's graph time / the faster of ``triton`` and ``csgmv``,
@@ -60,7 +64,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, accelerator, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, replay_time, time_call, write
 from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
@@ -88,6 +92,8 @@ class Case:
             b[:, :, :real] = torch.randn(MAX_LORAS, sum(outs), real, generator=gen) * 0.02
             self.weights[name] = (a.to(device, dtype), b.to(device, dtype), outs)
         self.inputs = {name: torch.randn(tokens, in_dim, generator=gen).to(device, dtype) for name, (in_dim, _) in model.modules().items()}
+        #: Per module, the base output its B op adds into (:meth:`add_base_outputs`), or None.
+        self.base_outputs: Optional[dict] = None
         if mode == "decode":
             request_slots = [rng.randrange(num_adapters) for _ in range(tokens)]
             request_lens = [1] * tokens
@@ -122,6 +128,22 @@ class Case:
             n: slice_layout.spacing_index(self.seg_indptr, self.weight_indices, self.ranks, tokens, n, rank, self.permutation)
             for n in {len(outs) for _, _, outs in self.weights.values()} if n > 1
         }
+
+    def add_base_outputs(self) -> None:
+        """Give every module's B op a base output to add into, as SGLang's layers pass one (no
+        zero-fill kernel in the op). Zeros: :meth:`zero_base_outputs` before a checked call makes
+        its output the LoRA term alone; timed calls accumulate into them."""
+        self.base_outputs = {name: torch.zeros(self.tokens, sum(outs), dtype=a.dtype, device=self.device)
+                             for name, (a, _, outs) in self.weights.items()}
+
+    def base_output(self, name: str) -> Optional[torch.Tensor]:
+        """Module ``name``'s base output (:meth:`add_base_outputs`), None without them."""
+        return None if self.base_outputs is None else self.base_outputs[name]
+
+    def zero_base_outputs(self) -> None:
+        """Zero the base outputs, so that the next call's output is the LoRA term alone."""
+        for out in (self.base_outputs or {}).values():
+            out.zero_()
 
     def begin_batch(self) -> None:
         """Start a batch: a new routing cache for the portable ops, as a backend's batch binds one."""
@@ -158,7 +180,7 @@ class Case:
             mid = ops.sgemm_lora_a_fwd(input_x=x, weights=a, num_slices=n, **meta)
         if n > 1 and reads_spaced(expand_op):
             mid = slice_layout.spaced_slices(mid, self.spacing[n])
-        expand = dict(input_x=mid, scalings=self.scalings, **meta)
+        expand = dict(input_x=mid, scalings=self.scalings, base_output=self.base_output(name), **meta)
         if self.permutation is not None:
             return ops.chunked_sgmv_lora_expand_fwd(
                 weights=b, slice_offsets=self.offsets[name], max_slice_size=max(outs), num_slices=n,
@@ -237,14 +259,14 @@ class Case:
 
         def run(name):
             a, b, outs = self.weights[name]
-            x, offsets = self.inputs[name], self.offsets[name]
+            x, offsets, base = self.inputs[name], self.offsets[name], self.base_output(name)
             if len(outs) == 3:
                 return backend.run_qkv_lora(
-                    x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=None
+                    x=x, qkv_lora_a=a, qkv_lora_b=b, output_offset=offsets, max_qkv_out_dim=max(outs), base_output=base
                 )
             if len(outs) == 2:
-                return backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, output_offset=offsets, base_output=None)
-            return backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a), weights=b, output_offset=offsets, base_output=None)
+                return backend.run_gate_up_lora(x=x, gate_up_lora_a=a, gate_up_lora_b=b, output_offset=offsets, base_output=base)
+            return backend.run_lora_b_sgemm(x=backend.run_lora_a_sgemm(x, a), weights=b, output_offset=offsets, base_output=base)
 
         return run
 
@@ -267,7 +289,7 @@ class Case:
         def run(name):
             a, b, outs = self.weights[name]
             mid = lora_ops.sgemm_lora_a_fwd(self.inputs[name], a, wi, sl, ranks, scalings, len(outs))
-            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu())
+            return lora_ops.sgemm_lora_b_fwd(mid, b, wi, sl, ranks, self.offsets[name].cpu(), self.base_output(name))
 
         return run
 
@@ -309,16 +331,7 @@ def layer(fn: Callable[[str], torch.Tensor], case: Case) -> Callable[[], None]:
 
 def graph(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
     """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) and return its replay."""
-    gpu = accelerator(device)
-    stream = gpu.Stream()
-    stream.wait_stream(gpu.current_stream())
-    with gpu.stream(stream):
-        fn()
-    gpu.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph() if device.type == "cuda" else torch.xpu.XPUGraph()
-    with gpu.graph(g):
-        fn()
-    return g.replay
+    return capture(fn, device)[0].replay
 
 
 def check_graph_replay(device, dtype) -> dict:
@@ -330,6 +343,7 @@ def check_graph_replay(device, dtype) -> dict:
     model = MODELS["llama-3.1-8b"]
     case = Case(model, 16, 8, 64, "decode", dtype, device, seed=1)
     other = Case(model, 16, 8, 64, "decode", dtype, device, seed=2)  # other adapters per request
+    case.add_base_outputs()  # the B ops add into the layer's output, as in serving
     outputs = {}
 
     def forward():
@@ -344,9 +358,11 @@ def check_graph_replay(device, dtype) -> dict:
     first = {name: out.clone() for name, out in outputs.items()}
     for attr in ("seg_indptr", "weight_indices", "permutation"):
         getattr(case, attr).copy_(getattr(other, attr))
+    case.zero_base_outputs()
     replay()
     replayed = {name: out.clone() for name, out in outputs.items()}
     case.begin_batch()
+    case.zero_base_outputs()
     expected = {name: case.portable(name) for name in case.weights}
     return {"replay_error": relative(replayed, expected), "batches_differ": relative(first, expected)}
 
@@ -447,6 +463,7 @@ def run(args) -> list[dict]:
     for model, rank, adapters, tokens, mode, real_rank in selected(grid(args), args):
         shape = TINY if model == "tiny" else MODELS[model]
         case = Case(shape, rank, adapters, tokens, mode, dtype, device, real_rank=real_rank)
+        case.add_base_outputs()
         row = dict(model=model, rank=rank, real_rank=real_rank, adapters=adapters, tokens=tokens, mode=mode,
                    dtype=str(dtype).replace("torch.", ""))
         graphs = gpu and not args.no_graphs
@@ -462,14 +479,14 @@ def run(args) -> list[dict]:
             row.update(backend_tiers(case, device, args, graphs))
         if gpu:
             if graphs and not args.no_portable:
-                row["portable_graph_ms"] = time_call(graph(layer(case.portable, case), device), device, min_seconds=args.seconds) * 1e3
+                row["portable_graph_ms"] = replay_time(graph(layer(case.portable, case), device), device)[0] * 1e3
                 row["roofline_fraction"] = case.min_bytes() / (row["portable_graph_ms"] * 1e-3) / bandwidth
             from benchmarks import triton_peers
 
             for peer, fn in triton_peers.peers(case).items():
                 measure(row, peer, layer(fn, case), device, args)
                 if graphs:
-                    row[f"{peer}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
+                    row[f"{peer}_graph_ms"] = replay_time(graph(layer(fn, case), device), device)[0] * 1e3
                     if "portable_graph_ms" in row:
                         row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
             for tier in ("intel_xpu", "intel_xpu_eager", "intel_xpu_chunked"):
@@ -495,9 +512,13 @@ def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, 
     tables = {"": False, "_graph": True} if graphs else {"": False}
     for suffix, use_graph in tables.items():
         fn = case.intel_xpu_fn(selection, use_graph)
-        timed = graph(layer(fn, case), device) if use_graph else layer(fn, case)
-        result[f"intel_xpu{suffix}_ms"] = time_call(timed, device, min_seconds=seconds) * 1e3
+        if use_graph:
+            seconds_per_call = replay_time(graph(layer(fn, case), device), device)[0]
+        else:
+            seconds_per_call = time_call(layer(fn, case), device, min_seconds=seconds)
+        result[f"intel_xpu{suffix}_ms"] = seconds_per_call * 1e3
         case.begin_batch()
+        case.zero_base_outputs()
         result[f"intel_xpu{suffix}_max_error"] = max(
             float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()
         )
@@ -522,8 +543,9 @@ def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
     reference = {name: reference_output(case, name) for name in case.weights}
     for tier, fn in tiers.items():
         measure(result, tier, layer(fn, case), device, args)
+        case.zero_base_outputs()
         if graphs and tier != "triton_backend":
-            result[f"{tier}_graph_ms"] = time_call(graph(layer(fn, case), device), device, min_seconds=args.seconds) * 1e3
+            result[f"{tier}_graph_ms"] = replay_time(graph(layer(fn, case), device), device)[0] * 1e3
         if tier != "triton_backend":
             result[f"{tier}_max_error"] = max(
                 float((fn(name).double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)) for name, ref in reference.items()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 from benchmarks.common import RESULTS
@@ -107,7 +108,71 @@ def e2e(data):
     return _machine(data) + f", {data.get('repeats')} repeats\n\n" + _table(data["rows"], cols)
 
 
-SECTIONS = {"ops-cpu": ops_cpu, "ops-cuda": ops_cuda, "host_overhead-cpu": host, "e2e-cpu": e2e}
+def _range(values) -> str:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return "n/a"
+    return f"{values[0]:.3g}-{values[-1]:.3g} (median {statistics.median(values):.3g}, {len(values)} points)"
+
+
+LAYER_COLUMNS = [
+    ("max rank", "max_rank"), ("rank", "rank"), ("adapters", "adapters"), ("tokens", "tokens"), ("base µs", "base_us"),
+    ("triton µs", "triton_us"), ("csgmv µs", "csgmv_us"), ("triton_v2 µs", "triton_v2_us"),
+    ("torch_native µs", "torch_native_us"), ("intel_xpu µs", "intel_xpu_us"), ("intel_xpu box µs", "intel_xpu_box_us"),
+    ("best peer", "best_peer"), ("intel_xpu / best peer", "intel_xpu_vs_best_peer"),
+    ("box / best peer", "intel_xpu_box_vs_best_peer"), ("intel_xpu LoRA µs", "intel_xpu_overhead_us"),
+    ("best peer LoRA µs", "best_peer_overhead_us"),
+]
+
+
+def layer(data):
+    """The layer benchmark (benchmarks/layer.py): a summary of ratios and overheads, then one table
+    per model and mode (LoRA overhead = path - base GEMMs, µs)."""
+    rows = data["rows"]
+    for r in rows:
+        if r.get("best_peer") and r.get("base_us") is not None:
+            r["best_peer_overhead_us"] = r["best_peer_us"] - r["base_us"]
+    with_lora = [r for r in rows if r["adapters"]]
+    out = [_machine(data) + f"; {data['calls']} back-to-back calls x {data['rounds']} rounds per decode figure "
+           f"({data['prefill_calls']} x {data['prefill_rounds']} prefill), median; every output within "
+           f"{data.get('tolerance') or 2e-2:g} of float64 unless listed under failures"]
+    summary = []
+    for mode in ("graph", "eager", "prefill"):
+        chosen = [r for r in with_lora if r["mode"] == mode]
+        if not chosen:
+            continue
+        summary.append(f"| {mode} | {_range(r.get('intel_xpu_vs_best_peer') for r in chosen)} | "
+                       f"{_range(r.get('triton_v2_vs_best_legacy') for r in chosen)} | "
+                       f"{_range(r.get('intel_xpu_overhead_us') for r in chosen)} | "
+                       f"{_range(r.get('best_peer_overhead_us') for r in chosen)} | "
+                       f"{_range(r.get('intel_xpu_overhead_us', 0) / r['base_us'] * 100 for r in chosen if 'base_us' in r)} |")
+    out.append("| mode | intel_xpu / best peer | triton_v2 / faster of triton, csgmv | intel_xpu LoRA µs | "
+               "best peer LoRA µs | intel_xpu LoRA, % of base |\n|---|---|---|---|---|---|\n" + "\n".join(summary))
+    counts = {}
+    for r in with_lora:
+        if r.get("best_peer"):
+            counts[(r["mode"], r["best_peer"])] = counts.get((r["mode"], r["best_peer"]), 0) + 1
+    out.append("Best peer per point: " + ", ".join(f"{mode} {peer} {n}" for (mode, peer), n in sorted(counts.items())) + ".")
+    for mode, title in (("graph", "Decode, graph-captured"), ("eager", "Decode, eager"), ("prefill", "Prefill (512-token requests)")):
+        for model in dict.fromkeys(r["model"] for r in rows):
+            chosen = [r for r in rows if r["mode"] == mode and r["model"] == model]
+            if chosen:
+                out += [f"{title}, {model} layer, bf16 (adapters 0: no adapter in the batch):", _table(chosen, LAYER_COLUMNS)]
+    failures = {}
+    for r in rows:
+        for key, why in r.items():
+            if key.endswith("_failed"):
+                failures.setdefault((key[: -len("_failed")], why), []).append(f"{r['model']} {r['mode']} {r['tokens']}")
+    if failures or data.get("backend_failures"):
+        lines = [f"- `{path}` at {len(where)} points (e.g. {where[0]}): {why}" for (path, why), where in failures.items()]
+        lines += [f"- `{path}` not built: {why}" for path, why in (data.get("backend_failures") or {}).items()]
+        out.append("Failures:\n\n" + "\n".join(lines))
+    if data.get("points_not_run"):
+        out.append(f"{data['points_not_run']} grid points not run (time budget).")
+    return "\n\n".join(out)
+
+
+SECTIONS = {"ops-cpu": ops_cpu, "ops-cuda": ops_cuda, "host_overhead-cpu": host, "e2e-cpu": e2e, "layer-cuda": layer}
 
 
 def main() -> None:

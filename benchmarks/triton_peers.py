@@ -1,6 +1,7 @@
 """SGLang's Triton LoRA ops as benchmark peers on a CUDA GPU: the dense SGMV ops of the ``triton``
 backend and the chunked-SGMV ops of the ``csgmv`` backend, given the same routing as the case, on
-SGLang's packed pool with the adapters' real ranks.
+SGLang's packed pool with the adapters' real ranks, the B ops adding into the case's base outputs
+as SGLang's layers pass them.
 
 On a GPU machine without SGLang, ``benchmarks/prepare_gpu_carry.sh`` assembles the op files from
 the local SGLang install with the small stand-ins in ``benchmarks/gpu_standins`` (LoRABatchInfo,
@@ -71,14 +72,14 @@ def peers(case) -> dict[str, Callable[[str], torch.Tensor]]:
         a, b, outs = case.weights[name]
         mid = sgemm_lora_a_fwd(case.inputs[name], a, dense_info, stack_num=len(outs))
         if len(outs) == 3:
-            return qkv_lora_b_fwd(mid, b, dense_info, case.offsets[name], max(outs), None)
+            return qkv_lora_b_fwd(mid, b, dense_info, case.offsets[name], max(outs), case.base_output(name))
         if len(outs) == 2:
-            return gate_up_lora_b_fwd(mid, b, dense_info, outs[0], None)
-        return sgemm_lora_b_fwd(mid, b, dense_info, None)
+            return gate_up_lora_b_fwd(mid, b, dense_info, outs[0], case.base_output(name))
+        return sgemm_lora_b_fwd(mid, b, dense_info, case.base_output(name))
 
     def csgmv(name):
         a, b, outs = case.weights[name]
         mid = chunked_sgmv_lora_shrink_forward(case.inputs[name], a, csgmv_info, len(outs))
-        return chunked_sgmv_lora_expand_forward(mid, b, csgmv_info, case.offsets[name], max(outs), None)
+        return chunked_sgmv_lora_expand_forward(mid, b, csgmv_info, case.offsets[name], max(outs), case.base_output(name))
 
     return {"triton": triton, "csgmv": csgmv}

@@ -2,7 +2,9 @@
 # Check and measure --lora-backend intel_xpu on this machine (an Intel GPU by default) and write one
 # report to attach to an issue: doctor, the capture probe, the op benchmark (intel_xpu against
 # SGLang's triton and csgmv kernels, eager and in XPU graphs, adapter ranks below and at
-# --max-lora-rank), SGLang's serving benchmark (with MODEL and ADAPTERS) and the host-sync cost.
+# --max-lora-rank), the layer benchmark (one decoder layer with its base GEMMs through every SGLang
+# LoRA backend, triton_v2 included, and intel_xpu), SGLang's serving benchmark (with MODEL and
+# ADAPTERS) and the host-sync cost.
 # A failing step is recorded in the report; the others still run. Run it from a checkout of this
 # repository, in the Python environment that serves (torch XPU, SGLang, sglang-xpu-lora):
 #

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("## Machine", "## Steps", "## Doctor", "## Capture probe", "## Op benchmark", "## Serving", "## Sync cost",
+SECTIONS = ("## Machine", "## Steps", "## Doctor", "## Capture probe", "## Op benchmark", "## Layer benchmark", "## Serving",
+            "## Sync cost",
             "## Raw results")
 
 
@@ -46,7 +47,7 @@ def test_every_step_runs_and_the_report_has_every_section(quick_run):
     out, result, report, kit = quick_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     statuses = {s["name"]: s["status"] for s in kit["steps"]}
-    assert statuses == {"doctor": "ok", "capture_probe": "ok", "ops": "ok", "sync_cost": "ok", "serving": "skipped"}
+    assert statuses == {"doctor": "ok", "capture_probe": "ok", "ops": "ok", "layer": "ok", "sync_cost": "ok", "serving": "skipped"}
     positions = [report.index(section) for section in SECTIONS]
     assert positions == sorted(positions), "sections out of order"
     for step in kit["steps"]:

@@ -31,3 +31,9 @@ class ForwardMode(enum.IntEnum):
 
     def is_draft_extend_v2(self):
         return False
+
+    def is_cuda_graph(self):
+        return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.IDLE)
+
+    def is_extend_without_speculative(self):
+        return self.is_extend() and not self.is_target_verify()

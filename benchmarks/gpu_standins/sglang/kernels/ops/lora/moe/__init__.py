@@ -1,0 +1,1 @@
+"""Stand-in package for benchmarks on a GPU machine without SGLang (see benchmarks/triton_peers.py)."""

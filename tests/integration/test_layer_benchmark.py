@@ -1,0 +1,137 @@
+"""The layer benchmark (benchmarks/layer.py) on CPU: its smoke run (a tiny layer through the paths
+that run on CPU: base, SGLang's ``torch_native`` backend, ``intel_xpu``'s portable ops and the
+emulated Intel-box build), its model of SGLang's LoRA layers against SGLang's own layer classes,
+and its float64 check catching a wrong output. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_checks_every_path_against_float64(tmp_path):
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.layer",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--calls",
+            "2",
+            "--rounds",
+            "2",
+            "--prefill-calls",
+            "1",
+            "--prefill-rounds",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "layer-cpu-quick.json").read_text())
+    paths = ["base", "torch_native", "intel_xpu_portable", "intel_xpu_box"]
+    assert data["paths"] == paths and data["points_not_run"] == 0 and not data["backend_failures"]
+    assert [(r["mode"], r["adapters"]) for r in data["rows"]] == [
+        ("eager", 4),
+        ("prefill", 1),
+        ("eager", 0),
+    ]
+    for row in data["rows"]:
+        assert not [k for k in row if k.endswith("_failed")], row
+        for path in paths:
+            assert row[f"{path}_us"] > 0 and row[f"{path}_error"] < 1e-4, (path, row)
+        for path in paths[1:]:
+            assert row[f"{path}_overhead_us"] == pytest.approx(row[f"{path}_us"] - row["base_us"])
+    # The emulated build's native ops ran outside graphs (its CPU kernels), portable ops elsewhere.
+    assert data["intel_xpu_providers"]["intel_xpu_box"]["sgemm_lora_a_fwd"] == "native / torch"
+    assert data["intel_xpu_providers"]["intel_xpu_portable"]["sgemm_lora_a_fwd"] == "torch / torch"
+    assert (tmp_path / "layer-cpu-quick.md").read_text().count("\n") >= 5
+
+
+class Recorder:
+    """A backend that records the calls a layer makes (and returns its base output)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return kwargs.get("base_output", "lora_a_output")
+
+        return call
+
+
+@pytest.mark.parametrize("kind", ["qkv", "gate_up", "o", "down"])
+def test_lora_linear_calls_the_backend_as_sglangs_layers_do(kind):
+    """``LoraLinear.apply_lora`` makes exactly the backend calls of SGLang's own layer class for
+    the kind (its ``apply_lora`` run on the benchmark's layer object)."""
+    from sglang.srt.lora import layers
+
+    from benchmarks.layer import LoraLinear
+
+    cls = {
+        "qkv": layers.QKVParallelLinearWithLoRA,
+        "gate_up": layers.MergedColumnParallelLinearWithLoRA,
+        "o": layers.RowParallelLinearWithLoRA,
+        "down": layers.RowParallelLinearWithLoRA,
+    }[kind]
+    outs = {"qkv": (8, 4, 4), "gate_up": (6, 6), "o": (5,), "down": (5,)}[kind]
+    rank = 2
+    a, b = torch.zeros(3, len(outs) * rank, 7), torch.zeros(3, sum(outs), rank)
+    x, base = torch.zeros(4, 7), torch.zeros(4, sum(outs))
+    ours, theirs = Recorder(), Recorder()
+    layer = LoraLinear(kind, torch.zeros(sum(outs), 7), a, b, outs, ours)
+    layer.apply_lora(base, x)
+    layer.lora_backend = theirs
+    if hasattr(cls, "_get_lora_n_slices"):  # the merged layer counts its slices from the buffers
+        layer._get_lora_n_slices = types.MethodType(cls._get_lora_n_slices, layer)
+    cls.apply_lora(layer, base, x)
+    assert [name for name, _, _ in ours.calls] == [name for name, _, _ in theirs.calls]
+    for (_, args1, kw1), (_, args2, kw2) in zip(ours.calls, theirs.calls):
+        assert all(x1 is x2 for x1, x2 in zip(args1, args2)) and len(args1) == len(args2)
+        assert kw1.keys() == kw2.keys() and all(kw1[k] is kw2[k] for k in kw1), (kw1, kw2)
+
+
+def test_the_float64_check_fails_a_path_that_drops_the_lora():
+    """A point whose output misses the LoRA term (the reference of the adapters' batch against a
+    path that ran as if no adapter were active) is failed, not timed as a pass."""
+    from benchmarks import layer as bench
+
+    args = types.SimpleNamespace(
+        tolerance=None,
+        calls=1,
+        rounds=1,
+        prefill_calls=1,
+        prefill_rounds=1,
+        emulated_build=None,
+        modes=["eager"],
+    )
+    device = torch.device("cpu")
+    server = bench.Server(bench.TINY, 16, ["base", "torch_native"], torch.float32, device, args)
+    case = bench.Case(bench.TINY, 16, 4, 8, "decode", torch.float32, device, real_rank=16)
+    with_lora = bench.reference(server, case, adapters=4)
+    good = bench.measure_path(server, "torch_native", case, "eager", 4, with_lora, args)
+    assert "torch_native_failed" not in good and good["torch_native_error"] < 1e-4
+    dropped = bench.measure_path(server, "torch_native", case, "eager", 0, with_lora, args)
+    assert (
+        bench.measure_path(server, "base", case, "eager", 4, with_lora, args)["base_error"] < 1e-4
+    )
+    assert dropped["torch_native_error"] > 1e-3
+    assert "over tolerance" in dropped["torch_native_failed"]
