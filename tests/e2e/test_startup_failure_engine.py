@@ -28,7 +28,7 @@ def offline_env(tmp_path):
 def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path):
     kwargs = serving.engine_kwargs({**tiny_artifacts, "hub": HUB_ADAPTER}, ["sql-r8", "hub"])
     code = """
-import json, sys
+import faulthandler, gc, json, sys
 
 def main():
     import sglang
@@ -37,6 +37,10 @@ def main():
         sglang.Engine(**json.loads(sys.argv[1]))
     except BackendArgumentError as exc:
         print("RAISED " + json.dumps(str(exc)))
+    # The failed launch's objects are collected: none of them may block (its sockets are closed).
+    faulthandler.dump_traceback_later(120, exit=True)
+    gc.collect()
+    faulthandler.cancel_dump_traceback_later()
     print("CALLER ALIVE")
 
 if __name__ == "__main__":

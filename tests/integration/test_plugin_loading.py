@@ -344,6 +344,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         *request_hooks,
         ("AFTER", "sglang.srt.entrypoints.engine._set_envs_and_config"),  # patches.startup_failure
         ("AROUND", "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"),
+        ("AFTER", "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"),
         ("AROUND", "sglang.srt.managers.scheduler.Scheduler.__init__"),
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]

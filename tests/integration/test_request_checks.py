@@ -29,7 +29,7 @@ LORA_ID_ALONE = "lora_id is the adapter id SGLang sets from lora_path, and this 
 
 def batch_length(found: int, prompts: int) -> str:
     plural = "s" if prompts != 1 else ""
-    entries = f"lora_path has {found} entries"
+    entries = f"lora_path has {found} entr{'y' if found == 1 else 'ies'}"
     return f"{entries} for a batch of {prompts} prompt{plural}; expected {prompts}"
 
 
@@ -56,6 +56,7 @@ REFUSED = [
     ({"text": "p", "lora_id": "some-id"}, LORA_ID_ALONE),
     ({"text": ["p", "q"], "lora_id": [None, "some-id"]}, LORA_ID_ALONE),
     ({"text": "p", "lora_path": "a", "lora_id": ["x", "y"]}, "lora_id " + SINGLE_LIST.format(2)),
+    ({"text": ["p", "q"], "lora_path": ["a"]}, batch_length(1, 2)),  # "1 entry"
 ]
 #: SGLang alone refuses this one itself, in its own words (its type check of a batch's list).
 SGLANG_REFUSES = {10}

@@ -93,3 +93,23 @@ def test_sglangs_own_backends_with_the_checks_on(launch, monkeypatch):
     monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "all")
     assert startup_failure.take_over_sigquit(server_args(lora_backend="triton")) is not None
     startup_failure.give_back_sigquit()
+
+
+def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
+    """The launch's ``TokenizerManager`` (made before the wait) is abandoned with the failed
+    launch; a ZeroMQ socket of its with a message queued for the dead scheduler would make its
+    context's ``__del__`` wait forever at a later garbage collection (the caller hangs, e.g. in its
+    next ``sglang.Engine(...)``). The failure closes them without lingering."""
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.PUSH)
+    socket.connect(f"ipc://{launch.tmp}/dead-scheduler")
+    socket.send(b"request", zmq.NOBLOCK)  # queued: nothing reads it
+    manager = types.SimpleNamespace(send_to_scheduler=socket, name="tokenizer manager")
+    startup_failure.take_over_sigquit(server_args())
+    startup_failure.record_manager(manager)
+    with pytest.raises(BackendArgumentError):
+        os.kill(os.getpid(), signal.SIGQUIT)
+    assert socket.closed and context.closed
+    startup_failure.record_manager(manager)  # after the launch: SGLang's handler, nothing recorded

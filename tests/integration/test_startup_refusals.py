@@ -32,6 +32,20 @@ ADAPTERS = {
     "qwen3_moe": tiny_model.AdapterSpec("attn", rank=4, alpha=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"), seed=42),
     "gpt2": tiny_model.AdapterSpec("gpt2-peft", rank=4, alpha=8, target_modules=("c_attn", "c_proj", "c_fc"), seed=43),
 }
+#: Adapters whose target_modules is a regular expression (PEFT resolves it against the model): the
+#: first two select what the adapters above name, the last attention only.
+REGEX_ADAPTERS = {
+    "qwen2_moe": tiny_model.AdapterSpec(
+        "shared-regex", rank=4, alpha=8, seed=44,
+        target_modules=r".*\.shared_expert\.(gate|up|down)_proj",
+    ),
+    "gpt2": tiny_model.AdapterSpec(
+        "gpt2-regex", rank=4, alpha=8, target_modules=r".*\.c_attn", seed=45
+    ),
+    "qwen3_moe": tiny_model.AdapterSpec(
+        "attn-regex", rank=4, alpha=8, target_modules=r".*\.self_attn\.(q|v)_proj", seed=46
+    ),
+}
 #: The shared-expert refusal, as far as it does not depend on the device's Triton.
 QWEN2_MOE_REFUSAL = (
     "LoRA on cpu cannot serve these target modules: adapter 'shared' names ['down_proj', 'gate_proj', 'up_proj']. "
@@ -63,7 +77,8 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("startup")
     built = {}
     for architecture, spec in ADAPTERS.items():
-        paths = tiny_model.build_all(root / architecture, adapters=(spec,), architecture=architecture)
+        adapters = (spec, REGEX_ADAPTERS[architecture])
+        paths = tiny_model.build_all(root / architecture, adapters, architecture=architecture)
         unreadable = root / f"{architecture}-unreadable"
         unreadable.mkdir()
         for item in paths["base"].iterdir():
@@ -127,6 +142,27 @@ def test_gpt2_peft_adapter_is_refused_for_the_lora_layer_sglang_lacks(models, on
     with pytest.raises(ValueError) as refused:
         check_lora_paths(server_args(models["gpt2"], "gpt2-peft"))
     assert_gpt2_refusal(str(refused.value))
+
+
+def test_a_regular_expression_target_modules_is_refused_like_the_modules_it_selects(
+    models, on_cpu_without_triton
+):
+    """A regex ``target_modules`` is resolved against the base model at argument validation: the
+    Qwen2-MoE and GPT-2 refusals hold for it (they came only after the model load, the MoE one
+    with the reason this issue replaced), and an attention-only regex on Qwen3-MoE is served."""
+    from sglang_xpu_lora.patches.adapter_checks import check_lora_paths
+
+    with pytest.raises(ValueError) as refused:
+        check_lora_paths(server_args(models["qwen2_moe"], "shared-regex"))
+    expected = QWEN2_MOE_REFUSAL.replace("'shared'", "'shared-regex'")
+    assert str(refused.value).startswith(expected), refused.value
+    with pytest.raises(ValueError) as refused:
+        check_lora_paths(server_args(models["gpt2"], "gpt2-regex"))
+    assert str(refused.value).startswith(
+        "LoRA adapter 'gpt2-regex' cannot be served exactly: field 'target_modules' names "
+        "['c_attn']: the base model has them, but SGLang 0.5.23 has no LoRA layer for them"
+    ), refused.value
+    check_lora_paths(server_args(models["qwen3_moe"], "attn-regex"))
 
 
 ENGINE_CASES = {

@@ -58,9 +58,10 @@ backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_
 cli_choices            ``ServerArgs`` ``lora_backend`` ``Arg.choices``: let argparse accept plugin
                        backends. Remove when SGLang derives choices from the registry.
 startup_failure        ``entrypoints.engine._set_envs_and_config`` (AFTER),
-                       ``_wait_for_scheduler_ready`` (AROUND), ``Scheduler.__init__`` (AROUND): a
-                       scheduler that fails to start (what only the loaded model shows) ends
-                       ``Engine(...)`` with an exception in the caller naming the failure, and
+                       ``_wait_for_scheduler_ready`` (AROUND), ``Scheduler.__init__`` (AROUND),
+                       ``TokenizerManager.__init__`` (AFTER): a scheduler that fails to start (what
+                       only the loaded model shows) ends ``Engine(...)`` with an exception in the
+                       caller naming the failure (the failed launch's sockets closed), and
                        ``sglang serve`` with the message alone, instead of SGLang's launch-phase
                        SIGQUIT handler killing the caller's process. For plugin backends (all with
                        ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang raises

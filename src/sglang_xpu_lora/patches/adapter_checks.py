@@ -88,8 +88,9 @@ def check_lora_paths(server_args: Any) -> None:
 
     A local path (see :func:`~sglang_xpu_lora.adapters.adapter_files.is_local_reference`) must be
     a directory with ``adapter_config.json`` and a weights file; its config is checked, and, against
-    the base model built from its config on the ``meta`` device, its ``target_modules`` (modules the
-    model has and SGLang has a LoRA layer for, within ``--lora-target-modules`` when given; no
+    the base model built from its config on the ``meta`` device, its ``target_modules`` (a regular
+    expression resolved against the model as the load resolves it; modules the model has and
+    SGLang has a LoRA layer for, within ``--lora-target-modules`` when given; no
     lm_head LoRA for a model that computes its logits from the input embedding), its
     ``added_tokens.json`` and its ``adapter_model.safetensors`` tensors (finite, shaped for the
     model). Then the target modules the server will build its pool for (``--lora-target-modules``,
@@ -136,8 +137,10 @@ def check_lora_paths(server_args: Any) -> None:
         except ValueError as exc:  # an unreadable file
             problems.append(f"LoRA adapter {ref.lora_name!r}: cannot read {ref.lora_path}: {exc}")
             continue
-        if not flag and plan.target_regex is None and plan.target_modules is not None:
-            sources.append((f"adapter {ref.lora_name!r}", plan.target_modules, frozenset(_normalize_given(plan.target_modules))))
+        given = _given_targets(plan, base)
+        if not flag and given is not None:
+            label = f"adapter {ref.lora_name!r}"
+            sources.append((label, given, frozenset(_normalize_given(given))))
     if not problems and base is not None:
         from sglang_xpu_lora.providers import triton_support  # the ops' modules load lazily
 
@@ -146,6 +149,19 @@ def check_lora_paths(server_args: Any) -> None:
             problems.append(refusal)
     if problems:
         raise BackendArgumentError("\n".join(problems))
+
+
+def _given_targets(plan: AdapterPlan, base: Optional["BaseModelFacts"]) -> Any:
+    """An adapter's ``target_modules`` as the checks before the model load read them: a regular
+    expression resolved against ``base`` (as the load resolves it, see
+    :func:`~sglang_xpu_lora.adapters.config_checks.resolve_target_regex`), None without ``base``.
+
+    Raises:
+        AdapterRejected: a regular expression that matches no module of ``base``.
+    """
+    if plan.target_regex is None:
+        return plan.target_modules
+    return None if base is None else resolve_target_regex(plan, base.module_names)
 
 
 def _normalize_given(target_modules: Any) -> set[str]:
@@ -209,7 +225,8 @@ def check_local_adapter(
     check_served_modules(name, _targeted_modules(plan), embedding_logits)
     if base is not None:
         check_target_modules(
-            name, plan.target_modules, base.module_names, _normalize, lora_capable_modules(), base.served_modules
+            name, _given_targets(plan, base), base.module_names, _normalize, lora_capable_modules(),
+            base.served_modules,
         )
         check_added_tokens(name, read_added_tokens(path), base.vocab_size)
     weights = path / "adapter_model.safetensors"

@@ -98,8 +98,9 @@ def check_lengths(field: str, value: Any, single: bool, prompts: int, samples: i
     if len(value) != prompts:
         repeated = f"; SGLang repeats each entry for the n={samples} samples" if samples > 1 else ""
         plural = "s" if prompts != 1 else ""
+        entries = "entry" if len(value) == 1 else "entries"
         raise ValueError(
-            f"{field} has {len(value)} entries for a batch of {prompts} prompt{plural}; expected "
+            f"{field} has {len(value)} {entries} for a batch of {prompts} prompt{plural}; expected "
             f"{prompts}, one per prompt (or one string for all){repeated}"
         )
 

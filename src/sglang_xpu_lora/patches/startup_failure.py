@@ -1,6 +1,8 @@
 """Targets: sglang.srt.entrypoints.engine._set_envs_and_config (AFTER),
-    sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND), in the launching process, and
-    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process.
+    sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND),
+    sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__ (AFTER), in the launching
+    process, and sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler
+    process.
 Why: what only the scheduler can decide (an adapter named by a Hub id that does not load, a backend's
     refusal of the loaded model's LoRA targets) fails in ``Scheduler.__init__``; SGLang 0.5.23's
     scheduler process logs the traceback and sends SIGQUIT to its parent, whose launch-phase
@@ -13,9 +15,12 @@ How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapter
     schedulers it spawns). A scheduler whose ``__init__`` raises appends ``Type: message`` to that
     file before SGLang's handler in that process signals the parent. On SIGQUIT the plugin's
     handler ends the launch's child processes as SGLang's does (``kill_process_tree`` of this
-    process's children) and raises :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError`
-    with the report in the launching thread, so ``Engine(...)`` raises in the caller and ``sglang
-    serve`` ends with the message alone. Once the schedulers are ready (or the wait failed
+    process's children), closes the ZeroMQ sockets of the launch's ``TokenizerManager`` (made
+    before the wait; abandoned with the failed launch, its context's ``__del__`` would wait forever
+    on them at a later garbage collection, hanging the caller) and raises
+    :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError` with the report in the
+    launching thread, so ``Engine(...)`` raises in the caller and ``sglang serve`` ends with the
+    message alone. Once the schedulers are ready (or the wait failed
     otherwise) SGLang's handler is put back, so the running phase is SGLang's.
 Checked against: SGLang 0.5.23.
 Remove when: SGLang raises scheduler start-up failures in the launching caller.
@@ -43,11 +48,23 @@ class LaunchPhaseHandler:
     """The SIGQUIT handler of a launch in scope: the children failed to start.
 
     ``previous`` is the handler SGLang installed (put back once the schedulers are ready);
-    ``report`` the file the schedulers append their failures to.
+    ``report`` the file the schedulers append their failures to; ``managers`` the launch's
+    ``TokenizerManager`` objects, recorded when made.
     """
 
     def __init__(self, previous: Callable, report: Path):
         self.previous, self.report = previous, report
+        self.managers: list[Any] = []
+
+    def close_sockets(self) -> None:
+        """Close the recorded managers' ZeroMQ sockets and contexts without lingering."""
+        import zmq
+
+        for manager in self.managers:
+            for value in list(vars(manager).values()):
+                if isinstance(value, zmq.Socket) and not value.closed:
+                    value.context.destroy(linger=0)
+        self.managers.clear()
 
     def failure(self) -> str:
         """What the schedulers reported (and the report file removed), or a pointer to the log."""
@@ -69,6 +86,7 @@ class LaunchPhaseHandler:
         os.environ.pop(STARTUP_REPORT_ENV, None)
         message = self.failure()
         resolve(targets.KILL_PROCESS_TREE)(os.getpid(), include_parent=False)
+        self.close_sockets()
         raise BackendArgumentError(message)
 
 
@@ -110,6 +128,13 @@ def give_back_sigquit() -> None:
         os.environ.pop(STARTUP_REPORT_ENV, None)
 
 
+def record_manager(manager: Any) -> None:
+    """A ``TokenizerManager`` made during a launch in scope: recorded on its handler."""
+    current = signal.getsignal(signal.SIGQUIT)
+    if isinstance(current, LaunchPhaseHandler):
+        current.managers.append(manager)
+
+
 def report_failure(exc: BaseException) -> None:
     """In a scheduler process: append ``Type: message`` to the launch's report file, if any."""
     report = os.environ.get(STARTUP_REPORT_ENV)
@@ -138,4 +163,9 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
 
     queue_hook(targets.SET_ENVS_AND_CONFIG, after_set_envs_and_config, "AFTER", undo)
     queue_hook(targets.WAIT_FOR_SCHEDULER_READY, around_wait_for_scheduler_ready, "AROUND", undo)
+    def after_tokenizer_manager_init(result, manager, *args, **kwargs):
+        record_manager(manager)
+        return result
+
+    queue_hook(targets.TOKENIZER_MANAGER_INIT, after_tokenizer_manager_init, "AFTER", undo)
     queue_hook(targets.SCHEDULER_INIT, around_scheduler_init, "AROUND", undo)

@@ -60,6 +60,8 @@ SET_ENVS_AND_CONFIG = "sglang.srt.entrypoints.engine._set_envs_and_config"
 WAIT_FOR_SCHEDULER_READY = "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"
 SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
 KILL_PROCESS_TREE = "sglang.srt.utils.common.kill_process_tree"
+# (the launch's TokenizerManager, made before the wait, is recorded to close its sockets on failure)
+TOKENIZER_MANAGER_INIT = "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"
 
 # Unloads made final (patches/unload_final.py), in the TokenizerManager's process.
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
