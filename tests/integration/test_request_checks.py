@@ -4,7 +4,7 @@ request classes and ``TokenizerManager`` code with the plugin's hooks.
 Each malformed request is run where the hooks apply (``intel_xpu``; ``csgmv`` with
 ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``) and where they do not (``csgmv`` by default): the first
 refuses it naming the field and the lengths; the second shows what SGLang alone lets through (which
-``tests/e2e/test_request_checks.py`` shows killing the server, answering HTTP 500 or dropping
+``tests/e2e/test_request_checks_served.py`` shows killing the server, answering HTTP 500 or dropping
 entries). The unloaded/never-loaded refusals run on a ``TokenizerManager`` with only its LoRA state.
 """
 
