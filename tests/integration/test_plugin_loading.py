@@ -61,6 +61,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments', "
         "'sglang.srt.managers.scheduler.Scheduler.__init__', "
         "'sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter', "
+        "'sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__', "
         "'sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path', "
         "'sglang.srt.utils.common.configure_logger']" in result.stdout
     )
