@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 
@@ -245,7 +246,10 @@ def assert_one_plugin_line_per_process(log: str, members: set) -> None:
     assert len(pids) == len(set(pids)) >= 4 and set(pids) <= members, (loaded, members)
     assert sum(" TP0] " in line for line in loaded) == sum(" TP1] " in line for line in loaded) == 1, loaded
     built = [line for line in log.splitlines() if "] intel_xpu LoRA backend built on cpu (SGLANG_XPU_LORA_KERNELS=torch): " in line]
-    assert sorted(line.split("]")[0].rsplit(" ", 1)[-1] for line in built) == ["TP0", "TP1"], built
+    # A rank's label is read from its log prefix wherever it starts: another process's progress bar
+    # (tqdm, no newline) can precede it on the same line.
+    ranks = [re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (TP\d+)\] intel_xpu LoRA backend built", line) for line in built]
+    assert sorted(match.group(1) for match in ranks if match) == ["TP0", "TP1"], built
     assert all(line.endswith(
         "providers eager/in graphs: torch/torch for all 7 ops; LoRA pool: SGLang's packed layout at real ranks, "
         "slots zeroed before each load"
