@@ -3,10 +3,10 @@
 # files and LoRA backend classes from the local install (not committed) plus the stand-ins in
 # benchmarks/gpu_standins (checked against the real modules by tests/unit/test_gpu_standins.py).
 # The dense LoRA runner of triton_v2 also needs pydantic and msgspec there: carry cp312 wheels
-# (docs/performance.md, "Reproducing").
+# (docs/performance.md, "Reproducing"). SGLang is the one $PYTHON imports (default: .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=$(.venv/bin/python -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')
+src=$("${PYTHON:-.venv/bin/python}" -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')
 site=${1:-.carry/site}
 rm -rf "$site" && mkdir -p "$site"
 cp -r benchmarks/gpu_standins/sglang "$site/"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket as net
 import types
 
 import pytest
@@ -103,13 +104,21 @@ def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
     import zmq
 
     context = zmq.Context()
-    socket = context.socket(zmq.PUSH)
-    socket.connect(f"ipc://{launch.tmp}/dead-scheduler")
-    socket.send(b"request", zmq.NOBLOCK)  # queued: nothing reads it
-    manager = types.SimpleNamespace(send_to_scheduler=socket, name="tokenizer manager")
-    startup_failure.take_over_sigquit(server_args())
-    startup_failure.record_manager(manager)
-    with pytest.raises(BackendArgumentError):
-        os.kill(os.getpid(), signal.SIGQUIT)
-    assert socket.closed and context.closed
-    startup_failure.record_manager(manager)  # after the launch: SGLang's handler, nothing recorded
+    try:
+        socket = context.socket(zmq.PUSH)
+        # A port nothing listens on (an ipc:// path under pytest's tmp_path can exceed the
+        # 107-byte limit of a socket path, as in the sdist's test run).
+        with net.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            port = listener.getsockname()[1]
+        socket.connect(f"tcp://127.0.0.1:{port}")
+        socket.send(b"request", zmq.NOBLOCK)  # queued: nothing reads it
+        manager = types.SimpleNamespace(send_to_scheduler=socket, name="tokenizer manager")
+        startup_failure.take_over_sigquit(server_args())
+        startup_failure.record_manager(manager)
+        with pytest.raises(BackendArgumentError):
+            os.kill(os.getpid(), signal.SIGQUIT)
+        assert socket.closed and context.closed
+        startup_failure.record_manager(manager)  # after the launch: SGLang's handler, nothing recorded
+    finally:
+        context.destroy(linger=0)  # whatever failed above, no later garbage collection waits on it

@@ -25,6 +25,7 @@ def carry(tmp_path_factory) -> Path:
     subprocess.run(
         ["bash", "benchmarks/prepare_gpu_carry.sh", str(site)],
         cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable},  # this SGLang (the sdist's tests have no .venv)
         check=True,
         capture_output=True,
     )
