@@ -137,3 +137,13 @@ def test_the_backend_logs_one_line_naming_each_ops_providers_and_the_pool(monkey
         "intel_xpu LoRA backend built on cpu (SGLANG_XPU_LORA_KERNELS=torch): providers eager/in graphs: "
         "torch/torch for all 7 ops; LoRA pool: SGLang's packed layout at real ranks, slots zeroed before each load"
     ]
+
+
+def test_the_built_line_names_the_providers_that_wait_for_a_trial_capture(emulate, caplog):
+    """Ops a provider runs inside graphs only after a trial capture are named by that provider."""
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    with emulate("full", kernels="native"), caplog.at_level("INFO", logger="sglang_xpu_lora"):
+        IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    (built,) = [r.getMessage() for r in caplog.records if "LoRA backend built" in r.getMessage()]
+    assert "(native ops in graphs once a trial capture at graph set-up accepts them)" in built, built

@@ -46,6 +46,7 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
     assert (
         "HOOKS ['sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
+        "'sglang.srt.arg_groups.lora_hook.check_lora_server_args', "
         "'sglang.srt.arg_groups.serving_hook.handle_missing_default_values', "
         "'sglang.srt.entrypoints.engine._set_envs_and_config', "
         "'sglang.srt.entrypoints.engine._wait_for_scheduler_ready', "
@@ -330,6 +331,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.lora.lora_registry.LoRARegistry.release"),
     ]
     request_hooks = [  # patches.request_checks, queued after unload_final
+        ("AFTER", "sglang.srt.arg_groups.lora_hook.check_lora_server_args"),
         ("AROUND", "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"),
         ("AROUND", "sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments"),
         ("AROUND", "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path"),

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_xpu_lora.adapters import checked_backends
+from sglang_xpu_lora.patches.errors import BackendArgumentError
 
 #: backend, SGLANG_XPU_LORA_ADAPTER_CHECKS, whether requests are checked there.
 SCOPES = [("intel_xpu", None, True), ("csgmv", None, False), ("csgmv", "all", True)]
@@ -24,6 +25,7 @@ SCOPES = [("intel_xpu", None, True), ("csgmv", None, False), ("csgmv", "all", Tr
 SINGLE_LIST = "is a list of {} for a single prompt; expected an adapter name (a string) or None"
 TYPE = "must be an adapter name (a string), None, or a list of those, not "
 ENTRY = "must be an adapter name (a string) or None, not "
+EMPTY = "is an empty adapter name; name a loaded adapter, or give None for the base model"
 LORA_ID_ALONE = "lora_id is the adapter id SGLang sets from lora_path, and this request has no "
 
 
@@ -57,6 +59,11 @@ REFUSED = [
     ({"text": ["p", "q"], "lora_id": [None, "some-id"]}, LORA_ID_ALONE),
     ({"text": "p", "lora_path": "a", "lora_id": ["x", "y"]}, "lora_id " + SINGLE_LIST.format(2)),
     ({"text": ["p", "q"], "lora_path": ["a"]}, batch_length(1, 2)),  # "1 entry"
+    # an empty name: SGLang alone serves one prompt with the base model, refuses it for n=2
+    ({"text": "p", "lora_path": ""}, "lora_path " + EMPTY),
+    ({"text": "p", "lora_path": " ", "sampling_params": {"n": 2}}, "lora_path " + EMPTY),
+    ({"text": ["p", "q"], "lora_path": ["a", ""]}, "lora_path[1] " + EMPTY),
+    ({"text": "p", "lora_path": "a", "lora_id": ""}, "lora_id " + EMPTY),
 ]
 #: SGLang alone refuses this one itself, in its own words (its type check of a batch's list).
 SGLANG_REFUSES = {10}
@@ -202,13 +209,13 @@ import sglang_xpu_lora.patches.request_checks as request_checks
 queued = []
 queue_hook = request_checks.queue_hook
 
-def queue_two(target, *args):  # the third hook of the patch cannot be queued
-    if len(queued) == 2:
+def queue_three(target, *args):  # the fourth (last) hook of the patch cannot be queued
+    if len(queued) == 3:
         raise RuntimeError("no hook for " + target)
     queued.append(target)
     queue_hook(target, *args)
 
-request_checks.queue_hook = queue_two
+request_checks.queue_hook = queue_three
 from sglang.srt.plugins import load_plugins
 load_plugins()
 print("REGISTERED", "intel_xpu" in lora_registry.LORA_SUPPORTED_BACKENDS)
@@ -226,7 +233,7 @@ print("PASSED", single.lora_path)
 
 def test_a_patch_that_fails_half_way_is_rolled_back_whole(run_python):
     """The request checks apply whole or not at all, like every patch: when their last hook cannot
-    be queued, the two queued before it and every earlier patch's steps are undone (the hooks pass
+    be queued, the three queued before it and every earlier patch's steps are undone (the hooks pass
     straight through), no backend is registered, and ``--lora-backend intel_xpu`` fails naming the
     patch, the cause and what was undone."""
     result = run_python(HALF_APPLIED)
@@ -238,6 +245,44 @@ def test_a_patch_that_fails_half_way_is_rolled_back_whole(run_python):
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path); rolled back: "
         f"undid the AROUND hook on {io}EmbeddingReqInput.normalize_batch_and_arguments; "
         f"undid the AROUND hook on {io}GenerateReqInput.normalize_batch_and_arguments; "
+        "undid the AFTER hook on sglang.srt.arg_groups.lora_hook.check_lora_server_args; "
         "undid the AROUND hook on sglang.srt.lora.lora_registry.LoRARegistry.release; "
     ) in result.stdout
     assert "PASSED ['a', 'b']" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("backend", "checks", "workers", "refused"),
+    [("intel_xpu", None, 2, True), ("intel_xpu", None, 1, False), ("csgmv", None, 2, False), ("csgmv", "all", 2, True)],
+    ids=["intel_xpu", "one-worker", "csgmv", "csgmv-all"],
+)
+def test_extra_tokenizer_workers_are_refused_at_argument_validation(
+    sglang_plugins_loaded, tiny_artifacts, monkeypatch, backend, checks, workers, refused
+):
+    """SGLang's extra tokenizer workers do not load plugins, so their requests would go unchecked
+    (a ``lora_path`` list for one prompt then stops the scheduler: found by a breaker's server
+    run): refused where requests are checked, as SGLang's own validation runs it."""
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
+    if checks:
+        monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, checks)
+    else:
+        monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
+    args = prepare_server_args([
+        "--model-path", str(tiny_artifacts["base"]), "--device", "cpu", "--enable-lora", "--lora-paths",
+        f"a={tiny_artifacts['sql-r8']}", "--lora-backend", backend, "--max-lora-rank", "32",
+        "--tokenizer-worker-num", str(workers),
+    ])
+    args.resolve_once()  # as Engine._launch_subprocesses does before check_server_args()
+    if not refused:
+        args.check_server_args()
+        return
+    with pytest.raises(BackendArgumentError) as refusal:
+        args.check_server_args()
+    assert str(refusal.value) == (
+        f"--tokenizer-worker-num 2 with --lora-backend {backend}: SGLang 0.5.23 does not load plugins in its extra "
+        "tokenizer worker processes, so the LoRA request checks and final unloads of sglang-xpu-lora would not run "
+        "there (a malformed lora_path would stop the scheduler for every tenant); serve with --tokenizer-worker-num "
+        "1 (the default)"
+    )

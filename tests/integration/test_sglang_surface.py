@@ -39,6 +39,11 @@ MODEL = "an SGLang model"
 #: Entry-point groups: dotted, but not Python names.
 ENTRY_POINT_GROUPS = {"sglang.srt.plugins", "sglang.lora_backends"}
 
+class Each(tuple):
+    """Receiver classes each of which reaches every read (duck-typed code): each must list the
+    attribute. A plain tuple is classes the code tells apart (``isinstance``): one must list it."""
+
+
 #: Per module: the expressions that hold SGLang objects, and their class(es); ``function:expr``
 #: where the name means an SGLang object only inside that function.
 RECEIVERS = {
@@ -78,7 +83,10 @@ RECEIVERS = {
         "ref": targets.LORA_REF,
     },
     "patches/request_checks.py": {
-        "obj": (targets.GENERATE_REQ_INPUT, targets.EMBEDDING_REQ_INPUT),
+        "cfg": targets.SERVER_ARGS,
+        "normalize_checked:obj": Each((targets.GENERATE_REQ_INPUT, targets.EMBEDDING_REQ_INPUT)),
+        "around_resolve_lora_path:obj": Each((targets.GENERATE_REQ_INPUT, targets.EMBEDDING_REQ_INPUT)),
+        "generated_samples:obj": targets.GENERATE_REQ_INPUT,
         "manager": targets.TOKENIZER_MANAGER,
         "manager.lora_registry": targets.LORA_REGISTRY,
     },
@@ -191,6 +199,10 @@ def receivers_of(tree: ast.AST, module: str, function: str | None = None) -> dic
     return typed
 
 
+#: What :func:`attribute_uses` yields for ``getattr(obj, name)`` with a name computed at run time.
+COMPUTED_NAME = "<a name computed at run time: read the attribute by its name>"
+
+
 def attribute_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterator[tuple[tuple[str, ...], str, int]]:
     """``(classes, attribute, line)`` for each attribute used on a typed expression."""
     for node in ast.walk(tree):
@@ -210,9 +222,12 @@ def attribute_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Itera
             and dotted(node.func) in ("getattr", "hasattr", "setattr")
             and len(node.args) >= 2
             and dotted(node.args[0]) in typed
-            and isinstance(node.args[1], ast.Constant)
         ):
-            yield typed[dotted(node.args[0])], node.args[1].value, node.lineno
+            name = node.args[1]
+            if isinstance(name, ast.Name) and name.id.endswith("_ATTR"):
+                continue  # the plugin's own attribute on the object (a module constant *_ATTR)
+            # a computed name is reported as such: the table cannot be checked against it
+            yield typed[dotted(node.args[0])], name.value if isinstance(name, ast.Constant) else COMPUTED_NAME, node.lineno
 
 
 def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterator[tuple[str, str, int, tuple[str, ...]]]:
@@ -374,6 +389,10 @@ def surface_problems(source: Path) -> list[str]:
             if classes == (MODEL,):
                 if attribute not in targets.MODEL_ATTRIBUTES:
                     problems.append(f"{module}:{line}: model attribute {attribute} is not in targets.MODEL_ATTRIBUTES")
+            elif isinstance(classes, Each):
+                for cls in classes:
+                    if attribute not in targets.REQUIRED_ATTRIBUTES.get(cls, ()):
+                        problems.append(f"{module}:{line}: {cls}.{attribute} is not in targets.REQUIRED_ATTRIBUTES")
             elif not any(attribute in targets.REQUIRED_ATTRIBUTES.get(cls, ()) for cls in classes):
                 problems.append(f"{module}:{line}: {' or '.join(classes)}.{attribute} is not in targets.REQUIRED_ATTRIBUTES")
         for parent, attribute, line, params in subclass_uses(tree, typed):
@@ -414,6 +433,13 @@ def test_every_name_that_holds_an_sglang_object_is_typed():
         ("REQUIRED_ATTRIBUTES", targets.LORA_BATCH_INFO, "scalings", "providers/batch_binding.py:"),
         ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "dtype", "providers/capture_probe.py:"),
         ("REQUIRED_ATTRIBUTES", targets.LORA_MEMORY_POOL, "max_lora_rank", "providers/capture_probe.py:"),
+        # reads on a request of either class (each must list them), by name (no getattr(obj, field))
+        ("REQUIRED_ATTRIBUTES", targets.GENERATE_REQ_INPUT, "lora_id", "patches/request_checks.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.EMBEDDING_REQ_INPUT, "lora_id", "patches/request_checks.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.EMBEDDING_REQ_INPUT, "is_single", "patches/request_checks.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.EMBEDDING_REQ_INPUT, "batch_size", "patches/request_checks.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.GENERATE_REQ_INPUT, "lora_path", "patches/request_checks.py:"),
+        ("REQUIRED_ATTRIBUTES", targets.GENERATE_REQ_INPUT, "parallel_sample_num", "patches/request_checks.py:"),
         # names used only through resolve(targets.X), at their first call deep inside a hook
         ("ALL", None, targets.FUSED_MOE, "backend/outside_lora_math.py:"),
         ("ALL", None, targets.GET_LORA, "patches/unload_final.py:"),
@@ -461,3 +487,17 @@ def test_an_untyped_receiver_is_reported(tmp_path, module, annotated, plain, fun
     (copy / module).write_text(text.replace(annotated, plain))
     problems = untyped_receivers(copy)
     assert len(problems) == 1 and problems[0].startswith(f"{module}:") and function in problems[0], problems
+
+
+def test_a_read_by_a_computed_name_is_reported(tmp_path):
+    """``getattr(obj, field)`` on an SGLang object with a name computed at run time cannot be
+    checked against the table: a copy of the source that reads a request's LoRA fields so fails."""
+    copy = tmp_path / "sglang_xpu_lora"
+    shutil.copytree(SOURCE, copy)
+    module = copy / "patches" / "request_checks.py"
+    text = module.read_text()
+    by_name = "given = (obj.lora_path, obj.lora_id)"
+    assert text.count(by_name) == 1
+    module.write_text(text.replace(by_name, "given = [getattr(obj, field) for field in LORA_FIELDS]"))
+    problems = surface_problems(copy)
+    assert problems and all(p.startswith("patches/request_checks.py:") and COMPUTED_NAME in p for p in problems), problems

@@ -1,4 +1,4 @@
-"""Which native ops run inside graphs, decided at graph set-up by trial captures
+"""Which ops captured by trial run inside graphs, decided at graph set-up by trial captures
 (:class:`TrialCaptures`), for ``IntelXpuLoRABackend.init_decode_cuda_graph_batch_info`` /
 ``init_prefill_cuda_graph_batch_info``.
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class TrialCaptures:
     """One backend's trial captures: its :class:`~sglang_xpu_lora.providers.capture_probe.CaptureProbe`
     (per-process state: side stream, verdicts per case) and the verdicts of every graph set-up so
-    far, combined (an op stays native in graphs only while every trial passed)."""
+    far, combined (an op keeps its trial provider in graphs only while every trial passed)."""
 
     def __init__(self):
         self.probe = capture_probe.CaptureProbe()

@@ -10,7 +10,7 @@ from sglang_xpu_lora.settings import KERNELS_ENV
 
 def built_line(name: str, device, selection) -> str:
     """The line a backend logs when it is built: the provider of each op eager / in graphs (ops
-    grouped by provider pair), whether native ops in graphs still wait for their trial capture,
+    grouped by provider pair), which providers' ops in graphs still wait for their trial capture,
     and the pool layout the ops read (``selection``: an
     :class:`~sglang_xpu_lora.providers.OpSelection`)."""
     groups: dict[str, list[str]] = {}
@@ -21,7 +21,8 @@ def built_line(name: str, device, selection) -> str:
         for pair, ops in groups.items()
     )
     if not selection.graph_decided:
-        ops += " (native ops in graphs once a trial capture at graph set-up accepts them)"
+        waiting = sorted({choice.provider.name for choice in selection.trial_choices.values()})
+        ops += f" ({'/'.join(waiting)} ops in graphs once a trial capture at graph set-up accepts them)"
     return (
         f"{name} LoRA backend built on {torch.device(device).type} ({KERNELS_ENV}={selection.setting.value}): "
         f"providers eager/in graphs: {ops}; LoRA pool: {selection.pool_layout}"

@@ -1,4 +1,5 @@
-"""Targets: sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments and
+"""Targets: sglang.srt.arg_groups.lora_hook.check_lora_server_args (AFTER),
+    sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments and
     ``EmbeddingReqInput.normalize_batch_and_arguments`` (AROUND), and
     sglang.srt.managers.tokenizer_manager.TokenizerManager._resolve_lora_path (AROUND). They run
     where the ``TokenizerManager`` runs (the ``sglang serve`` launcher process, or the process that
@@ -27,7 +28,9 @@ How: for servers in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plu
     is neither loaded nor remembered for the implicit reload of evicted adapters is refused saying
     whether it is being unloaded, was unloaded
     (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`) or was never loaded, with the
-    adapters that are loaded.
+    adapters that are loaded. Since the hooks run only in processes that load plugins, a server
+    in scope with ``--tokenizer-worker-num`` above 1 (extra tokenizer workers that SGLang starts
+    without loading plugins) is refused at argument validation.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``normalize_batch_and_arguments``
     still sets ``is_single`` and ``batch_size``, and that SGLang still repeats ``lora_path`` for the
     ``n`` samples).
@@ -39,10 +42,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_xpu_lora.adapters import checked_backends
 from sglang_xpu_lora.patches import unload_final
+from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
+from sglang_xpu_lora.upstream.compat import TESTED_SGLANG, resolve
 
 #: The request fields that name adapters, as SGLang's request classes spell them.
 LORA_FIELDS = ("lora_path", "lora_id")
@@ -56,7 +62,10 @@ def check_entries(lora_path: Any, lora_id: Any) -> None:
         ValueError: naming the field (and the list entry) and what it holds.
     """
     for field, value in zip(LORA_FIELDS, (lora_path, lora_id)):
-        if value is None or isinstance(value, str):
+        if value is None:
+            continue
+        if isinstance(value, str):
+            check_name(field, value)
             continue
         if not isinstance(value, list):
             raise ValueError(
@@ -69,12 +78,26 @@ def check_entries(lora_path: Any, lora_id: Any) -> None:
                     f"{field}[{index}] must be an adapter name (a string) or None, "
                     f"not {type(entry).__name__}"
                 )
+            if entry is not None:
+                check_name(f"{field}[{index}]", entry)
     ids = [lora_id] if isinstance(lora_id, str) else [i for i in lora_id or () if i is not None]
     if ids and not lora_path:
         raise ValueError(
             "lora_id is the adapter id SGLang sets from lora_path, and this request has no "
             "lora_path; name the adapters in lora_path"
         )
+
+
+def check_name(field: str, name: str) -> None:
+    """An adapter name given in a request must name one: SGLang 0.5.23 serves an empty
+    ``lora_path`` for one prompt with the base model and refuses it in a batch or with ``n`` > 1
+    samples as an adapter never loaded.
+
+    Raises:
+        ValueError: for an empty (or blank) name, naming ``field``.
+    """
+    if not name.strip():
+        raise ValueError(f"{field} is an empty adapter name; name a loaded adapter, or give None for the base model")
 
 
 def check_lengths(field: str, value: Any, single: bool, prompts: int, samples: int) -> None:
@@ -112,13 +135,26 @@ def normalize_checked(original: Any, obj: Any, *args: Any, **kwargs: Any) -> Any
     Raises:
         ValueError: see :func:`check_entries` and :func:`check_lengths`; or SGLang's own.
     """
-    given = [getattr(obj, field) for field in LORA_FIELDS]
+    given = (obj.lora_path, obj.lora_id)  # as LORA_FIELDS lists them
     check_entries(*given)
     result = original(obj, *args, **kwargs)
-    samples = getattr(obj, "parallel_sample_num", 1)  # EmbeddingReqInput samples once
+    samples = samples_per_prompt(obj)
     for field, value in zip(LORA_FIELDS, given):
         check_lengths(field, value, obj.is_single, obj.batch_size, samples)
     return result
+
+
+def samples_per_prompt(obj: Any) -> int:
+    """The ``n`` parallel samples per prompt SGLang found when it normalised ``obj``: a
+    ``GenerateReqInput``'s ``parallel_sample_num``; an ``EmbeddingReqInput`` samples once."""
+    if isinstance(obj, resolve(targets.GENERATE_REQ_INPUT)):
+        return generated_samples(obj)
+    return 1
+
+
+def generated_samples(obj: Any) -> int:
+    """``GenerateReqInput.parallel_sample_num`` (set by its normalisation)."""
+    return obj.parallel_sample_num
 
 
 def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
@@ -147,7 +183,32 @@ def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
     raise ValueError(f"{'; '.join(reasons)}. Loaded adapters: {loaded}.")
 
 
+def refuse_extra_tokenizer_workers(server_args: Any) -> None:
+    """At argument validation: refuse ``--tokenizer-worker-num`` above 1 for servers in scope.
+    SGLang 0.5.23 runs the extra tokenizer workers in processes that do not load plugins, so no
+    request there would be checked, nor an unload made final (a ``lora_path`` list for one prompt
+    would kill the scheduler, and with it every tenant's requests).
+
+    Raises:
+        BackendArgumentError: naming the flag, why, and what to run instead.
+    """
+    cfg = resolve(targets.RESOLVING_VIEW)(server_args)
+    if not cfg.enable_lora or not checked_backends.applies_to(cfg.lora_backend):
+        return
+    if cfg.tokenizer_worker_num > 1:
+        raise BackendArgumentError(
+            f"--tokenizer-worker-num {cfg.tokenizer_worker_num} with --lora-backend {cfg.lora_backend}: "
+            f"SGLang {TESTED_SGLANG} does not load plugins in its extra tokenizer worker processes, so "
+            "the LoRA request checks and final unloads of sglang-xpu-lora would not run there (a "
+            "malformed lora_path would stop the scheduler for every tenant); serve with "
+            "--tokenizer-worker-num 1 (the default)"
+        )
+
+
 def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
+    def after_check_lora_server_args(result, server_args, *args, **kwargs):
+        refuse_extra_tokenizer_workers(server_args)
+        return result
 
     def around_normalize(original, obj, *args, **kwargs):
         if not unload_final.in_scope():
@@ -159,6 +220,7 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
             refuse_unknown_adapters(manager, obj.lora_path)
         return await original(manager, obj, *args, **kwargs)
 
+    queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
     queue_hook(targets.GENERATE_REQ_NORMALIZE, around_normalize, "AROUND", undo)
     queue_hook(targets.EMBEDDING_REQ_NORMALIZE, around_normalize, "AROUND", undo)
     queue_hook(targets.TOKENIZER_RESOLVE_LORA_PATH, around_resolve_lora_path, "AROUND", undo)

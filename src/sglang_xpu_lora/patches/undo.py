@@ -55,16 +55,19 @@ def queue_hook(target: str, hook: Callable, hook_type: str, undo: UndoStack) -> 
     hook_registry, hook_types = resolve(targets.HOOK_REGISTRY), resolve(targets.HOOK_TYPE)
     switch = {"on": True}
     if hook_type == "AROUND":
+        kind = hook_types.AROUND
 
         def gated(original, *args, **kwargs):
             return hook(original, *args, **kwargs) if switch["on"] else original(*args, **kwargs)
 
     elif hook_type == "AFTER":
+        kind = hook_types.AFTER
 
         def gated(result, *args, **kwargs):
             return hook(result, *args, **kwargs) if switch["on"] else result
 
     elif hook_type == "BEFORE":
+        kind = hook_types.BEFORE
 
         def gated(*args, **kwargs):
             return hook(*args, **kwargs) if switch["on"] else None
@@ -72,5 +75,5 @@ def queue_hook(target: str, hook: Callable, hook_type: str, undo: UndoStack) -> 
     else:
         raise ValueError(f"queue_hook supports AROUND, AFTER and BEFORE hooks, not {hook_type}")
     gated.__name__ = gated.__qualname__ = getattr(hook, "__name__", "hook")
-    hook_registry.register(target, gated, getattr(hook_types, hook_type))
+    hook_registry.register(target, gated, kind)
     undo.push(f"the {hook_type} hook on {target}", lambda: switch.update(on=False))

@@ -181,7 +181,7 @@ REQUIRED_ATTRIBUTES = {
     # publishes the LoRA group of these fields (max_lora_rank).
     SERVER_ARGS: (
         "enable_lora", "lora_backend", "lora_paths", "lora_target_modules", "max_lora_rank", "model_path",
-        "trust_remote_code", "device", "custom_sigquit_handler",
+        "trust_remote_code", "device", "custom_sigquit_handler", "tokenizer_worker_num",
     ),
     SERVER_ARGS_FIELD_ARG: ("choices",),
     HOOK_REGISTRY: ("register",),
