@@ -1,7 +1,7 @@
 """Issue 27 item 4, what only the scheduler can decide: an adapter named by a Hugging Face Hub id
 that cannot be fetched (offline) fails in SGLang's scheduler after the model load. SGLang 0.5.23's
-launch-phase SIGQUIT handler would kill the caller's process (rc 137) with the reason in the log
-only; with the plugin (``patches/startup_failure.py``) ``sglang.Engine(...)`` raises in the caller
+scheduler SIGQUITs the caller's process, which dies (rc 137 from its launch-phase handler, 131
+off the main thread) with the reason in the log only; with the plugin (``patches/startup_failure.py``) ``sglang.Engine(...)`` raises in the caller
 with the reason and the caller carries on, and ``sglang serve`` ends with the message alone."""
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def offline_env(tmp_path):
     return {**os.environ, **serving.cpu_env("torch"), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
 
 
-def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path):
+@pytest.mark.parametrize("thread", ["main", "other"])
+def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path, thread):
+    """From the main thread and from another one (where SGLang installs no SIGQUIT handler and the
+    scheduler's SIGQUIT would kill the process: rc 131)."""
     kwargs = serving.engine_kwargs({**tiny_artifacts, "hub": HUB_ADAPTER}, ["sql-r8", "hub"])
     code = """
 import faulthandler, gc, json, sys
@@ -44,13 +47,20 @@ def main():
     print("CALLER ALIVE")
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[2] == "main":
+        main()
+    else:
+        import threading
+
+        launcher = threading.Thread(target=main)
+        launcher.start()
+        launcher.join()
 """
     (tmp_path / "tmp").mkdir()
     script = tmp_path / "caller.py"
     script.write_text(code)
     result = subprocess.run(
-        [sys.executable, str(script), json.dumps(kwargs)], env=offline_env(tmp_path / "tmp"),
+        [sys.executable, str(script), json.dumps(kwargs), thread], env=offline_env(tmp_path / "tmp"),
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

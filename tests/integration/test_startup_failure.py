@@ -1,13 +1,14 @@
 """Issue 27 item 4: a scheduler that fails to start ends the launch with an exception in the
 launching thread naming the failure (``patches/startup_failure.py``), where SGLang 0.5.23's
-launch-phase SIGQUIT handler kills the caller's process; SGLang's handler is put back once the
-schedulers are ready. The real engine: ``tests/e2e/test_startup_failure_engine.py``."""
+scheduler SIGQUITs its parent (whose launch-phase handler, or SIGQUIT's default action off the main
+thread, kills the caller's process). The steps of a launch, in this process; the real engine, from
+the main thread and another one: ``tests/e2e/test_startup_failure_engine.py``."""
 
 from __future__ import annotations
 
 import os
-import signal
 import socket as net
+import threading
 import types
 
 import pytest
@@ -17,83 +18,105 @@ from sglang_xpu_lora.patches import startup_failure
 from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.settings import STARTUP_REPORT_ENV
 
+FAILURE = ValueError("--lora-backend intel_xpu on cpu: LoRA on MoE experts\n  ...")
+
 
 def server_args(**fields):
     values = dict(enable_lora=True, lora_paths=[], lora_backend="intel_xpu", custom_sigquit_handler=None)
     return types.SimpleNamespace(**{**values, **fields})
 
 
+def scheduler_died():
+    """What SGLang's ``_wait_for_scheduler_ready`` raises when a scheduler process ended."""
+    raise RuntimeError("Rank 0 scheduler died during initialization (exit code: 1). ...")
+
+
 @pytest.fixture
 def launch(monkeypatch, sglang_plugins_loaded, tmp_path):
-    """SGLang's launch-phase SIGQUIT handler installed (a stand-in recording calls), the children
-    killed by a recorder instead of ``kill_process_tree``; the process's own handler restored."""
+    """A fresh :class:`~startup_failure.Launches`, report files under ``tmp_path``, the children
+    killed by a recorder instead of ``kill_process_tree``."""
     import sglang.srt.utils.common as common
 
     monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
     monkeypatch.delenv(STARTUP_REPORT_ENV, raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
-    killed, sglangs = [], []
+    killed = []
     monkeypatch.setattr(common, "kill_process_tree", lambda pid, **kw: killed.append((pid, kw)))
-    sglang_handler = lambda signum, frame: sglangs.append(signum)  # noqa: E731
-    before = signal.signal(signal.SIGQUIT, sglang_handler)
-    try:
-        yield types.SimpleNamespace(killed=killed, sglang_handler=sglang_handler, sglangs=sglangs, tmp=tmp_path)
-    finally:
-        signal.signal(signal.SIGQUIT, before)
+    return types.SimpleNamespace(launches=startup_failure.Launches(), killed=killed, tmp=tmp_path)
+
+
+def fail_a_launch(launch):
+    """A launch in scope whose scheduler fails in ``__init__``: the exception its wait raises."""
+    assert launch.launches.begin(server_args()) is not None
+    assert os.environ[STARTUP_REPORT_ENV].startswith(str(launch.tmp))
+    with pytest.raises(SystemExit) as ended:  # what the scheduler's Scheduler.__init__ hook does
+        startup_failure.init_scheduler_reporting(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
+    assert ended.value.code == 1
+    with pytest.raises(BackendArgumentError) as raised:
+        launch.launches.wait(scheduler_died)
+    return raised.value
 
 
 def test_a_failed_scheduler_raises_in_the_launching_thread_with_its_report(launch):
-    handler = startup_failure.take_over_sigquit(server_args())
-    assert handler is not None and signal.getsignal(signal.SIGQUIT) is handler
-    assert os.environ[STARTUP_REPORT_ENV].startswith(str(launch.tmp))
-    # What a scheduler's Scheduler.__init__ hook does before SGLang signals the parent.
-    startup_failure.report_failure(ValueError("--lora-backend intel_xpu on cpu: LoRA on MoE experts\n  ..."))
-    with pytest.raises(BackendArgumentError) as raised:
-        os.kill(os.getpid(), signal.SIGQUIT)
-    assert str(raised.value) == (
-        "SGLang's scheduler failed to start: ValueError: --lora-backend intel_xpu on cpu: LoRA on MoE experts ..."
-    )
-    assert raised.value.code == f"error: {raised.value}"  # sglang serve: the message alone
-    assert launch.killed == [(os.getpid(), {"include_parent": False})] and launch.sglangs == []
-    assert signal.getsignal(signal.SIGQUIT) is launch.sglang_handler
+    error = fail_a_launch(launch)
+    assert str(error) == "SGLang's scheduler failed to start: ValueError: --lora-backend intel_xpu on cpu: LoRA on MoE experts ..."
+    assert error.code == f"error: {error}"  # sglang serve: the message alone
+    assert launch.killed == [(os.getpid(), {"include_parent": False})]
     assert STARTUP_REPORT_ENV not in os.environ and list(launch.tmp.iterdir()) == []
 
 
-def test_ready_schedulers_give_sglang_its_handler_back(launch):
-    startup_failure.take_over_sigquit(server_args())
-    startup_failure.give_back_sigquit()
-    assert signal.getsignal(signal.SIGQUIT) is launch.sglang_handler and STARTUP_REPORT_ENV not in os.environ
-    os.kill(os.getpid(), signal.SIGQUIT)  # the running phase is SGLang's
-    assert launch.sglangs == [signal.SIGQUIT] and launch.killed == []
-    assert list(launch.tmp.iterdir()) == []
+def test_a_launch_from_another_thread_raises_there(launch):
+    """Off the main thread SGLang installs no SIGQUIT handler, and SIGQUIT's default action would
+    kill the process; the scheduler's exit reaches the wait in that thread instead."""
+    raised = []
+    thread = threading.Thread(target=lambda: raised.append(fail_a_launch(launch)))
+    thread.start()
+    thread.join()
+    assert [type(e) for e in raised] == [BackendArgumentError] and launch.killed
+
+
+def test_ready_schedulers_close_the_launch(launch):
+    launch.launches.begin(server_args())
+    assert launch.launches.wait(lambda: ["info"]) == ["info"]
+    assert STARTUP_REPORT_ENV not in os.environ and list(launch.tmp.iterdir()) == []
+    assert launch.launches.current() is None and launch.killed == []
+
+
+def test_a_scheduler_that_died_without_a_report_is_sglangs_error(launch):
+    """Killed by the OS (no report): SGLang's own error, the children left to SGLang."""
+    launch.launches.begin(server_args())
+    with pytest.raises(RuntimeError, match="Rank 0 scheduler died"):
+        launch.launches.wait(scheduler_died)
+    assert launch.killed == [] and STARTUP_REPORT_ENV not in os.environ
 
 
 @pytest.mark.parametrize(
     "fields", [{"lora_backend": "triton"}, {"enable_lora": False}, {"custom_sigquit_handler": print}],
     ids=["sglang-backend", "no-lora", "user-handler"],
 )
-def test_other_launches_keep_sglangs_handler(launch, fields):
-    assert startup_failure.take_over_sigquit(server_args(**fields)) is None
-    assert signal.getsignal(signal.SIGQUIT) is launch.sglang_handler and STARTUP_REPORT_ENV not in os.environ
-
-
-def test_a_launch_from_another_thread_keeps_sglangs_handler(launch):
-    """SGLang installs no SIGQUIT handler from a thread other than the main one; neither does the
-    plugin (only the main thread may)."""
-    import threading
-
-    taken = []
-    thread = threading.Thread(target=lambda: taken.append(startup_failure.take_over_sigquit(server_args())))
-    thread.start()
-    thread.join()
-    assert taken == [None] and signal.getsignal(signal.SIGQUIT) is launch.sglang_handler
+def test_other_launches_keep_sglangs_behaviour(launch, fields):
+    """No report to write: the scheduler's failure goes to SGLang's handler (its SIGQUIT)."""
+    assert launch.launches.begin(server_args(**fields)) is None and STARTUP_REPORT_ENV not in os.environ
+    with pytest.raises(ValueError, match="MoE experts"):
+        startup_failure.init_scheduler_reporting(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
 
 
 def test_sglangs_own_backends_with_the_checks_on(launch, monkeypatch):
     monkeypatch.setenv(checked_backends.ADAPTER_CHECKS_ENV, "all")
-    assert startup_failure.take_over_sigquit(server_args(lora_backend="triton")) is not None
-    startup_failure.give_back_sigquit()
+    assert launch.launches.begin(server_args(lora_backend="triton")) is not None
+    launch.launches.wait(lambda: None)
+
+
+def test_the_hooks_are_sglangs_launch_steps(launch, monkeypatch):
+    """Through SGLang's own (hooked) functions: a scheduler's ``Scheduler.__init__`` that raises in
+    a launch in scope ends its process with status 1, not SGLang's SIGQUIT."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    monkeypatch.setenv(STARTUP_REPORT_ENV, str(launch.tmp / "report.txt"))
+    with pytest.raises(SystemExit):
+        Scheduler(None, None)  # SGLang's __init__ fails on these arguments
+    assert (launch.tmp / "report.txt").read_text() == "ValueError: config namespace 'device' not published\n"
 
 
 def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
@@ -114,11 +137,11 @@ def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
         socket.connect(f"tcp://127.0.0.1:{port}")
         socket.send(b"request", zmq.NOBLOCK)  # queued: nothing reads it
         manager = types.SimpleNamespace(send_to_scheduler=socket, name="tokenizer manager")
-        startup_failure.take_over_sigquit(server_args())
-        startup_failure.record_manager(manager)
+        launch.launches.begin(server_args())
+        launch.launches.record(manager)
+        startup_failure.report_failure(FAILURE)
         with pytest.raises(BackendArgumentError):
-            os.kill(os.getpid(), signal.SIGQUIT)
+            launch.launches.wait(scheduler_died)
         assert socket.closed and context.closed
-        startup_failure.record_manager(manager)  # after the launch: SGLang's handler, nothing recorded
     finally:
         context.destroy(linger=0)  # whatever failed above, no later garbage collection waits on it

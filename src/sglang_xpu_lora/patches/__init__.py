@@ -62,8 +62,9 @@ startup_failure        ``entrypoints.engine._set_envs_and_config`` (AFTER),
                        ``TokenizerManager.__init__`` (AFTER): a scheduler that fails to start (what
                        only the loaded model shows) ends ``Engine(...)`` with an exception in the
                        caller naming the failure (the failed launch's sockets closed), and
-                       ``sglang serve`` with the message alone, instead of SGLang's launch-phase
-                       SIGQUIT handler killing the caller's process. For plugin backends (all with
+                       ``sglang serve`` with the message alone, instead of the scheduler's
+                       SIGQUIT killing the caller's process (from any thread: the scheduler exits
+                       and the wait raises). For plugin backends (all with
                        ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang raises
                        scheduler start-up failures in the caller.
 log_lines              ``sglang.srt.utils.common.configure_logger`` (AFTER): the plugin's one line

@@ -1,35 +1,37 @@
 """Targets: sglang.srt.entrypoints.engine._set_envs_and_config (AFTER),
-    sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND),
-    sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__ (AFTER), in the launching
-    process, and sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler
-    process.
+    sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__ (AFTER),
+    sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND), in the launching thread, and
+    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process.
 Why: what only the scheduler can decide (an adapter named by a Hub id that does not load, a backend's
     refusal of the loaded model's LoRA targets) fails in ``Scheduler.__init__``; SGLang 0.5.23's
-    scheduler process logs the traceback and sends SIGQUIT to its parent, whose launch-phase
-    handler (``_set_envs_and_config``) kills the whole process tree, itself included: a
-    ``sglang.Engine(...)`` caller dies (rc 137) and the reason exists only in the log.
-How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`),
-    after SGLang installs its launch-phase SIGQUIT handler (main thread, no
-    ``--custom-sigquit-handler``) the plugin installs its own, :class:`LaunchPhaseHandler`, and
-    names a report file (:data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV`, inherited by the
-    schedulers it spawns). A scheduler whose ``__init__`` raises appends ``Type: message`` to that
-    file before SGLang's handler in that process signals the parent. On SIGQUIT the plugin's
-    handler ends the launch's child processes as SGLang's does (``kill_process_tree`` of this
-    process's children), closes the ZeroMQ sockets of the launch's ``TokenizerManager`` (made
-    before the wait; abandoned with the failed launch, its context's ``__del__`` would wait forever
-    on them at a later garbage collection, hanging the caller) and raises
-    :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError` with the report in the
-    launching thread, so ``Engine(...)`` raises in the caller and ``sglang serve`` ends with the
-    message alone. Once the schedulers are ready (or the wait failed
-    otherwise) SGLang's handler is put back, so the running phase is SGLang's.
+    scheduler process logs the traceback and sends SIGQUIT to its parent. Launched from the main
+    thread, the parent's launch-phase handler (``_set_envs_and_config``) kills the whole process
+    tree, itself included; launched from another thread (no handler there), SIGQUIT's default
+    action kills it. Either way a ``sglang.Engine(...)`` caller dies (rc 137 or 131) and the
+    reason exists only in the log.
+How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`)
+    and no ``--custom-sigquit-handler``, the launching thread opens a :class:`Launch`: a report
+    file named in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` (inherited by the
+    schedulers it spawns) and the ``TokenizerManager`` objects made during it. A scheduler whose
+    ``__init__`` raises logs the traceback as SGLang does, appends ``Type: message`` to the report
+    and ends its process with ``SystemExit(1)`` instead of signalling the parent. SGLang's wait for
+    the schedulers then raises its "scheduler died" ``RuntimeError`` in the launching thread,
+    whatever thread it is; with a report, the plugin ends the launch's child processes as SGLang's
+    handler does (``kill_process_tree`` of this process's children), closes the ZeroMQ sockets of
+    the launch's ``TokenizerManager`` (made before the wait and abandoned with the failed launch,
+    its context's ``__del__`` would wait forever on them at a later garbage collection, hanging
+    the caller) and raises :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError` with the
+    report instead, so ``Engine(...)`` raises in the caller and ``sglang serve`` ends with the
+    message alone. A scheduler that dies without a report (killed by the OS) is SGLang's error.
 Checked against: SGLang 0.5.23.
 Remove when: SGLang raises scheduler start-up failures in the launching caller.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -43,18 +45,41 @@ from sglang_xpu_lora.settings import STARTUP_REPORT_ENV
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
 
+logger = logging.getLogger(__name__)
 
-class LaunchPhaseHandler:
-    """The SIGQUIT handler of a launch in scope: the children failed to start.
 
-    ``previous`` is the handler SGLang installed (put back once the schedulers are ready);
-    ``report`` the file the schedulers append their failures to; ``managers`` the launch's
-    ``TokenizerManager`` objects, recorded when made.
-    """
+class Launch:
+    """One launch in scope, in its launching thread: ``report``, the file its schedulers append
+    their start-up failures to, and ``managers``, the ``TokenizerManager`` objects made during it."""
 
-    def __init__(self, previous: Callable, report: Path):
-        self.previous, self.report = previous, report
+    def __init__(self, report: Path):
+        self.report = report
         self.managers: list[Any] = []
+
+    @classmethod
+    def open(cls) -> "Launch":
+        """A launch with a fresh report path (the file is written only by a scheduler that fails),
+        named in :data:`STARTUP_REPORT_ENV` for the schedulers about to be spawned."""
+        descriptor, name = tempfile.mkstemp(prefix="sglang-xpu-lora-startup-", suffix=".txt")
+        os.close(descriptor)
+        report = Path(name)
+        report.unlink()
+        os.environ[STARTUP_REPORT_ENV] = str(report)
+        return cls(report)
+
+    def close(self) -> None:
+        """The launch is over (ready, or failed): its report removed, the variable unset."""
+        self.report.unlink(missing_ok=True)
+        if os.environ.get(STARTUP_REPORT_ENV) == str(self.report):
+            os.environ.pop(STARTUP_REPORT_ENV)
+
+    def reported(self) -> Optional[str]:
+        """What the schedulers reported, one ``Type: message`` each (repeats dropped), or None."""
+        try:
+            lines = self.report.read_text().strip().splitlines()
+        except OSError:
+            return None
+        return "; ".join(dict.fromkeys(lines)) or None
 
     def close_sockets(self) -> None:
         """Close the recorded managers' ZeroMQ sockets and contexts without lingering."""
@@ -66,106 +91,118 @@ class LaunchPhaseHandler:
                     value.context.destroy(linger=0)
         self.managers.clear()
 
-    def failure(self) -> str:
-        """What the schedulers reported (and the report file removed), or a pointer to the log."""
-        try:
-            lines = self.report.read_text().strip().splitlines()
-        except OSError:
-            lines = []
-        self.report.unlink(missing_ok=True)
-        reported = "; ".join(dict.fromkeys(lines)) or "no reason reported; the scheduler's log says why"
-        return f"SGLang's scheduler failed to start: {reported}"
+    def fail(self, reported: str) -> BackendArgumentError:
+        """End the launch's child processes and close its sockets; the error to raise.
 
-    def __call__(self, signum: int, frame: Any) -> None:
-        """End the launch's child processes and raise in the launching thread.
-
-        Raises:
-            BackendArgumentError: with the schedulers' report.
+        :param reported: what the schedulers reported (:meth:`reported`).
         """
-        signal.signal(signal.SIGQUIT, self.previous)
-        os.environ.pop(STARTUP_REPORT_ENV, None)
-        message = self.failure()
         resolve(targets.KILL_PROCESS_TREE)(os.getpid(), include_parent=False)
         self.close_sockets()
-        raise BackendArgumentError(message)
+        return BackendArgumentError(f"SGLang's scheduler failed to start: {reported}")
 
 
 def in_scope(server_args: Any) -> bool:
-    """Whether the launch serves LoRA on a backend whose start-up failures the plugin reports."""
+    """Whether a launch's scheduler start-up failures are raised in its caller: LoRA on a backend
+    in scope, and no ``--custom-sigquit-handler`` (whose user wants SGLang's SIGQUIT)."""
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
-    return bool(cfg.enable_lora or cfg.lora_paths) and checked_backends.applies_to(cfg.lora_backend)
+    return (
+        bool(cfg.enable_lora or cfg.lora_paths)
+        and checked_backends.applies_to(cfg.lora_backend)
+        and cfg.custom_sigquit_handler is None
+    )
 
 
-def take_over_sigquit(server_args: Any) -> Optional[LaunchPhaseHandler]:
-    """After SGLang's ``_set_envs_and_config``: install :class:`LaunchPhaseHandler` in place of
-    SGLang's launch-phase SIGQUIT handler, for launches in scope, from the main thread, when the
-    user set no ``--custom-sigquit-handler``; returns it (None when SGLang's stays)."""
-    os.environ.pop(STARTUP_REPORT_ENV, None)
-    if threading.current_thread() is not threading.main_thread():
-        return None  # SGLang installs no handler there (and only the main thread may)
-    current = signal.getsignal(signal.SIGQUIT)
-    cfg = resolve(targets.RESOLVING_VIEW)(server_args)
-    if not in_scope(server_args) or cfg.custom_sigquit_handler:
-        return None
-    if not callable(current) or isinstance(current, LaunchPhaseHandler):
-        return None  # not SGLang's launch-phase handler
-    descriptor, name = tempfile.mkstemp(prefix="sglang-xpu-lora-startup-", suffix=".txt")
-    os.close(descriptor)
-    report = Path(name)
-    report.unlink()  # written only by a scheduler that fails
-    handler = LaunchPhaseHandler(current, report)
-    signal.signal(signal.SIGQUIT, handler)
-    os.environ[STARTUP_REPORT_ENV] = str(report)
-    return handler
-
-
-def give_back_sigquit() -> None:
-    """Put SGLang's launch-phase handler back (the schedulers are ready, or failed otherwise)."""
-    current = signal.getsignal(signal.SIGQUIT)
-    if isinstance(current, LaunchPhaseHandler):
-        signal.signal(signal.SIGQUIT, current.previous)
-        current.report.unlink(missing_ok=True)
-        os.environ.pop(STARTUP_REPORT_ENV, None)
-
-
-def record_manager(manager: Any) -> None:
-    """A ``TokenizerManager`` made during a launch in scope: recorded on its handler."""
-    current = signal.getsignal(signal.SIGQUIT)
-    if isinstance(current, LaunchPhaseHandler):
-        current.managers.append(manager)
-
-
-def report_failure(exc: BaseException) -> None:
-    """In a scheduler process: append ``Type: message`` to the launch's report file, if any."""
+def report_failure(exc: BaseException) -> bool:
+    """In a scheduler process whose ``__init__`` raised ``exc``: log the traceback (as SGLang's
+    ``run_scheduler_process`` does) and append ``Type: message`` to the launch's report file.
+    Returns whether there is a launch to report to (the process should then end without
+    signalling its parent)."""
     report = os.environ.get(STARTUP_REPORT_ENV)
-    if report:
-        with open(report, "a") as file:
-            file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+    if not report:
+        return False
+    logger.error("Scheduler hit an exception", exc_info=exc)
+    with open(report, "a") as file:
+        file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+    return True
+
+
+def init_scheduler_reporting(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """SGLang's ``Scheduler.__init__``; a failure in a launch in scope is reported
+    (:func:`report_failure`) and ends the process with status 1 instead of SGLang's SIGQUIT to the
+    parent.
+
+    Raises:
+        SystemExit: (1) after a reported failure (not an ``Exception``, which SGLang's
+            ``run_scheduler_process`` would catch and signal).
+        Exception: the failure itself, outside a launch in scope.
+    """
+    try:
+        return original(scheduler, *args, **kwargs)
+    except Exception as exc:
+        if not report_failure(exc):
+            raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    raise SystemExit(1)
+
+
+class Launches:
+    """The launches in scope of this process, one per launching thread (SGLang launches an engine
+    from any thread, and each step below runs in the thread that launches)."""
+
+    def __init__(self):
+        self.local = threading.local()  # .launch: the open Launch of this thread, or None
+
+    def current(self) -> Optional[Launch]:
+        """The launch this thread runs, if in scope."""
+        return getattr(self.local, "launch", None)
+
+    def begin(self, server_args: Any) -> Optional[Launch]:
+        """After SGLang's ``_set_envs_and_config``: a launch in scope (:func:`in_scope`) opens its
+        :class:`Launch`; a launch of this thread left open before is closed."""
+        if self.current() is not None:
+            self.current().close()
+        self.local.launch = Launch.open() if in_scope(server_args) else None
+        return self.local.launch
+
+    def record(self, manager: Any) -> None:
+        """A ``TokenizerManager`` made during this thread's launch."""
+        if self.current() is not None:
+            self.current().managers.append(manager)
+
+    def wait(self, original: Callable, *args: Any, **kwargs: Any) -> Any:
+        """SGLang's ``_wait_for_scheduler_ready``; a scheduler that died after reporting ends the
+        launch (:meth:`Launch.fail`). The launch is closed either way.
+
+        Raises:
+            BackendArgumentError: with the schedulers' report.
+            RuntimeError: SGLang's own, for a scheduler that died without a report.
+        """
+        launch, self.local.launch = self.current(), None
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError:
+            reported = launch.reported() if launch is not None else None
+            if reported is None:
+                raise
+            raise launch.fail(reported) from None
+        finally:
+            if launch is not None:
+                launch.close()
 
 
 def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
+    launches = Launches()
+
     def after_set_envs_and_config(result, server_args, *args, **kwargs):
-        take_over_sigquit(server_args)
+        launches.begin(server_args)
         return result
 
-    def around_wait_for_scheduler_ready(original, *args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        finally:
-            give_back_sigquit()
-
-    def around_scheduler_init(original, scheduler, *args, **kwargs):
-        try:
-            return original(scheduler, *args, **kwargs)
-        except Exception as exc:
-            report_failure(exc)
-            raise
+    def after_tokenizer_manager_init(result, manager, *args, **kwargs):
+        launches.record(manager)
+        return result
 
     queue_hook(targets.SET_ENVS_AND_CONFIG, after_set_envs_and_config, "AFTER", undo)
-    queue_hook(targets.WAIT_FOR_SCHEDULER_READY, around_wait_for_scheduler_ready, "AROUND", undo)
-    def after_tokenizer_manager_init(result, manager, *args, **kwargs):
-        record_manager(manager)
-        return result
-
+    queue_hook(targets.WAIT_FOR_SCHEDULER_READY, launches.wait, "AROUND", undo)
     queue_hook(targets.TOKENIZER_MANAGER_INIT, after_tokenizer_manager_init, "AFTER", undo)
-    queue_hook(targets.SCHEDULER_INIT, around_scheduler_init, "AROUND", undo)
+    queue_hook(targets.SCHEDULER_INIT, init_scheduler_reporting, "AROUND", undo)
