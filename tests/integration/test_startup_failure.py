@@ -51,7 +51,7 @@ def fail_a_launch(launch):
     assert launch.launches.begin(server_args()) is not None
     assert os.environ[STARTUP_REPORT_ENV].startswith(str(launch.tmp))
     with pytest.raises(SystemExit) as ended:  # what the scheduler's Scheduler.__init__ hook does
-        startup_failure.init_scheduler_reporting(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
+        startup_failure.init_reporting_failure(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
     assert ended.value.code == 1
     with pytest.raises(BackendArgumentError) as raised:
         launch.launches.wait(scheduler_died)
@@ -99,7 +99,7 @@ def test_other_launches_keep_sglangs_behaviour(launch, fields):
     """No report to write: the scheduler's failure goes to SGLang's handler (its SIGQUIT)."""
     assert launch.launches.begin(server_args(**fields)) is None and STARTUP_REPORT_ENV not in os.environ
     with pytest.raises(ValueError, match="MoE experts"):
-        startup_failure.init_scheduler_reporting(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
+        startup_failure.init_reporting_failure(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
 
 
 def test_sglangs_own_backends_with_the_checks_on(launch, monkeypatch):
@@ -117,6 +117,21 @@ def test_the_hooks_are_sglangs_launch_steps(launch, monkeypatch):
     with pytest.raises(SystemExit):
         Scheduler(None, None)  # SGLang's __init__ fails on these arguments
     assert (launch.tmp / "report.txt").read_text() == "ValueError: config namespace 'device' not published\n"
+
+
+def test_a_data_parallel_controller_ends_quietly_after_its_scheduler_reported(launch, monkeypatch):
+    """With ``--dp-size`` > 1 the schedulers' parent is SGLang's data-parallel controller, whose
+    wait for a scheduler that ended fails (``EOFError``); it ends with status 1 too, instead of
+    SIGQUIT to the launcher (whose handler would kill the caller), and the scheduler's report
+    stays the reason. Through SGLang's own (hooked) ``DataParallelController.__init__``."""
+    from sglang.srt.managers.data_parallel_controller import DataParallelController
+
+    report = launch.tmp / "report.txt"
+    monkeypatch.setenv(STARTUP_REPORT_ENV, str(report))
+    startup_failure.report_failure(FAILURE)  # the scheduler's
+    with pytest.raises(SystemExit):
+        DataParallelController(None, None, None, None)  # SGLang's __init__ fails on these
+    assert report.read_text() == "ValueError: --lora-backend intel_xpu on cpu: LoRA on MoE experts ...\n"
 
 
 def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):

@@ -1,7 +1,9 @@
 """Targets: sglang.srt.entrypoints.engine._set_envs_and_config (AFTER),
     sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__ (AFTER),
     sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND), in the launching thread, and
-    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process.
+    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process, and
+    sglang.srt.managers.data_parallel_controller.DataParallelController.__init__ (AROUND), in the
+    data-parallel controller (``--dp-size`` > 1: it spawns the schedulers and waits for them).
 Why: what only the scheduler can decide (an adapter named by a Hub id that does not load, a backend's
     refusal of the loaded model's LoRA targets) fails in ``Scheduler.__init__``; SGLang 0.5.23's
     scheduler process logs the traceback and sends SIGQUIT to its parent. Launched from the main
@@ -14,7 +16,9 @@ How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapter
     file named in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` (inherited by the
     schedulers it spawns) and the ``TokenizerManager`` objects made during it. A scheduler whose
     ``__init__`` raises logs the traceback as SGLang does, appends ``Type: message`` to the report
-    and ends its process with ``SystemExit(1)`` instead of signalling the parent. SGLang's wait for
+    and ends its process with ``SystemExit(1)`` instead of signalling the parent; so does a
+    data-parallel controller (whose wait for that scheduler then fails: the scheduler's report
+    stays the reason). SGLang's wait for
     the schedulers then raises its "scheduler died" ``RuntimeError`` in the launching thread,
     whatever thread it is; with a report, the plugin ends the launch's child processes as SGLang's
     handler does (``kill_process_tree`` of this process's children), closes the ZeroMQ sockets of
@@ -113,31 +117,35 @@ def in_scope(server_args: Any) -> bool:
 
 
 def report_failure(exc: BaseException) -> bool:
-    """In a scheduler process whose ``__init__`` raised ``exc``: log the traceback (as SGLang's
-    ``run_scheduler_process`` does) and append ``Type: message`` to the launch's report file.
-    Returns whether there is a launch to report to (the process should then end without
-    signalling its parent)."""
+    """In a launch's child process whose ``__init__`` raised ``exc``: log the traceback (as
+    SGLang's ``run_scheduler_process`` does) and, when nothing is reported yet (the first failure
+    is the cause: a data-parallel controller fails because its scheduler ended), append
+    ``Type: message`` to the launch's report file. Returns whether there is a launch to report to
+    (the process should then end without signalling its parent)."""
     report = os.environ.get(STARTUP_REPORT_ENV)
     if not report:
         return False
-    logger.error("Scheduler hit an exception", exc_info=exc)
-    with open(report, "a") as file:
-        file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+    logger.error("Start-up failure of %s", type(exc).__name__, exc_info=exc)
+    if not os.path.exists(report):
+        with open(report, "a") as file:
+            file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
     return True
 
 
-def init_scheduler_reporting(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """SGLang's ``Scheduler.__init__``; a failure in a launch in scope is reported
+def init_reporting_failure(original: Callable, obj: Any, *args: Any, **kwargs: Any) -> None:
+    """SGLang's ``Scheduler.__init__`` or ``DataParallelController.__init__`` (which spawns the
+    schedulers with ``--dp-size`` > 1); a failure in a launch in scope is reported
     (:func:`report_failure`) and ends the process with status 1 instead of SGLang's SIGQUIT to the
     parent.
 
     Raises:
         SystemExit: (1) after a reported failure (not an ``Exception``, which SGLang's
-            ``run_scheduler_process`` would catch and signal).
+            ``run_scheduler_process`` / ``run_data_parallel_controller_process`` would catch and
+            signal).
         Exception: the failure itself, outside a launch in scope.
     """
     try:
-        return original(scheduler, *args, **kwargs)
+        return original(obj, *args, **kwargs)
     except Exception as exc:
         if not report_failure(exc):
             raise
@@ -205,4 +213,5 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     queue_hook(targets.SET_ENVS_AND_CONFIG, after_set_envs_and_config, "AFTER", undo)
     queue_hook(targets.WAIT_FOR_SCHEDULER_READY, launches.wait, "AROUND", undo)
     queue_hook(targets.TOKENIZER_MANAGER_INIT, after_tokenizer_manager_init, "AFTER", undo)
-    queue_hook(targets.SCHEDULER_INIT, init_scheduler_reporting, "AROUND", undo)
+    queue_hook(targets.SCHEDULER_INIT, init_reporting_failure, "AROUND", undo)
+    queue_hook(targets.DATA_PARALLEL_CONTROLLER_INIT, init_reporting_failure, "AROUND", undo)
