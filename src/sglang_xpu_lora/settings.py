@@ -7,8 +7,9 @@ anything heavy is imported.
   trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
   (:mod:`sglang_xpu_lora.adapters.checked_backends`).
-* :data:`STARTUP_REPORT_ENV`: set by the plugin itself, not by users: the file SGLang's scheduler
-  processes report a start-up failure to (:mod:`sglang_xpu_lora.patches.startup_failure`).
+* :data:`STARTUP_REPORT_ENV`, :data:`STARTUP_LAUNCHER_ENV`: set by the plugin itself, not by
+  users: the file SGLang's scheduler processes report a start-up failure to, and the pid of the
+  process that launched them (:mod:`sglang_xpu_lora.patches.startup_failure`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
 STARTUP_REPORT_ENV = "SGLANG_XPU_LORA_STARTUP_REPORT"
+STARTUP_LAUNCHER_ENV = "SGLANG_XPU_LORA_STARTUP_LAUNCHER"
 
 
 def env_choice(name: str, choices: tuple[str, ...], advice: str = "") -> str:

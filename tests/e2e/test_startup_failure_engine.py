@@ -22,14 +22,31 @@ REASON = f"LoRA adapter 'hub' cannot be loaded from {HUB_ADAPTER}: "
 
 
 def offline_env(tmp_path):
-    return {**os.environ, **serving.cpu_env("torch"), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    env = {**os.environ, **serving.cpu_env("torch"), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    env.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+    return env
 
 
-@pytest.mark.parametrize("thread", ["main", "other"])
-def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path, thread):
+#: The scheduler failure of ``--dp-size 2`` on this CPU engine (one NUMA node, no core binding set).
+NUMA_REASON = "AssertionError: SGLANG_CPU_OMP_THREADS_BIND is not set, in this case, the total number of ranks"
+
+
+@pytest.mark.parametrize(
+    ("thread", "dp_size", "reason"),
+    [
+        ("main", 1, "RuntimeError: Failed to load LoRA adapter hub: " + REASON),
+        ("other", 1, "RuntimeError: Failed to load LoRA adapter hub: " + REASON),
+        ("main", 2, NUMA_REASON),
+    ],
+    ids=["main-thread", "other-thread", "dp2"],
+)
+def test_the_engine_raises_in_the_caller(tiny_artifacts, tmp_path, thread, dp_size, reason):
     """From the main thread and from another one (where SGLang installs no SIGQUIT handler and the
-    scheduler's SIGQUIT would kill the process: rc 131)."""
+    scheduler's SIGQUIT would kill the process: rc 131); with ``--dp-size 2``, whose schedulers'
+    parent is SGLang's data-parallel controller (a scheduler that ended quietly would leave it
+    waiting forever, and the caller with it)."""
     kwargs = serving.engine_kwargs({**tiny_artifacts, "hub": HUB_ADAPTER}, ["sql-r8", "hub"])
+    kwargs["dp_size"] = dp_size
     code = """
 import faulthandler, gc, json, sys
 
@@ -66,7 +83,7 @@ if __name__ == "__main__":
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("RAISED ")]
     message = json.loads(line.removeprefix("RAISED "))
-    assert message.startswith("SGLang's scheduler failed to start: RuntimeError: Failed to load LoRA adapter hub: " + REASON), message
+    assert message.startswith("SGLang's scheduler failed to start: " + reason), message
     assert "CALLER ALIVE" in result.stdout
     assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("sglang-xpu-lora-startup-")]
 

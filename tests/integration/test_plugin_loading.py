@@ -58,7 +58,6 @@ def test_load_plugins_registers_intel_xpu_lazily_and_idempotently(run_python):
         "'sglang.srt.lora.lora_manager.LoRAManager.validate_new_adapter', "
         "'sglang.srt.lora.lora_registry.LoRARegistry.release', "
         "'sglang.srt.lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer', "
-        "'sglang.srt.managers.data_parallel_controller.DataParallelController.__init__', "
         "'sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments', "
         "'sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments', "
         "'sglang.srt.managers.scheduler.Scheduler.__init__', "
@@ -350,7 +349,6 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
         ("AROUND", "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"),
         ("AFTER", "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"),
         ("AROUND", "sglang.srt.managers.scheduler.Scheduler.__init__"),
-        ("AROUND", "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__"),
     ]
     refusal = ["sglang.srt.server_args.ServerArgs.resolve_once", "sglang.srt.utils.common.configure_logger"]
     assert events == "EVENTS " + repr(

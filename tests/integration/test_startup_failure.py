@@ -6,9 +6,11 @@ the main thread and another one: ``tests/e2e/test_startup_failure_engine.py``.""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket as net
 import threading
+import time
 import types
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from sglang_xpu_lora.adapters import checked_backends
 from sglang_xpu_lora.patches import startup_failure
 from sglang_xpu_lora.patches.errors import BackendArgumentError
-from sglang_xpu_lora.settings import STARTUP_REPORT_ENV
+from sglang_xpu_lora.settings import STARTUP_LAUNCHER_ENV, STARTUP_REPORT_ENV
 
 FAILURE = ValueError("--lora-backend intel_xpu on cpu: LoRA on MoE experts\n  ...")
 
@@ -39,6 +41,7 @@ def launch(monkeypatch, sglang_plugins_loaded, tmp_path):
 
     monkeypatch.delenv(checked_backends.ADAPTER_CHECKS_ENV, raising=False)
     monkeypatch.delenv(STARTUP_REPORT_ENV, raising=False)
+    monkeypatch.delenv(STARTUP_LAUNCHER_ENV, raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
     killed = []
@@ -46,12 +49,23 @@ def launch(monkeypatch, sglang_plugins_loaded, tmp_path):
     return types.SimpleNamespace(launches=startup_failure.Launches(), killed=killed, tmp=tmp_path)
 
 
+def failing_init(scheduler):
+    raise FAILURE
+
+
+def as_a_scheduler_of_this_process():
+    """This process's variables as a scheduler it spawned sees them (its parent is the launcher)."""
+    assert os.environ[STARTUP_LAUNCHER_ENV] == str(os.getpid())
+    os.environ[STARTUP_LAUNCHER_ENV] = str(os.getppid())
+
+
 def fail_a_launch(launch):
     """A launch in scope whose scheduler fails in ``__init__``: the exception its wait raises."""
     assert launch.launches.begin(server_args()) is not None
     assert os.environ[STARTUP_REPORT_ENV].startswith(str(launch.tmp))
+    as_a_scheduler_of_this_process()
     with pytest.raises(SystemExit) as ended:  # what the scheduler's Scheduler.__init__ hook does
-        startup_failure.init_reporting_failure(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
+        startup_failure.init_reporting_failure(failing_init, None)
     assert ended.value.code == 1
     with pytest.raises(BackendArgumentError) as raised:
         launch.launches.wait(scheduler_died)
@@ -59,11 +73,55 @@ def fail_a_launch(launch):
 
 
 def test_a_failed_scheduler_raises_in_the_launching_thread_with_its_report(launch):
-    error = fail_a_launch(launch)
+    """The launch's child processes are ended, not the ones the caller had before (another
+    engine's, say)."""
+    earlier = multiprocessing.Process(target=time.sleep, args=(60,))
+    earlier.start()
+    try:
+        error = fail_a_launch_spawning(launch)
+    finally:
+        earlier.terminate()
     assert str(error) == "SGLang's scheduler failed to start: ValueError: --lora-backend intel_xpu on cpu: LoRA on MoE experts ..."
     assert error.code == f"error: {error}"  # sglang serve: the message alone
-    assert launch.killed == [(os.getpid(), {"include_parent": False})]
-    assert STARTUP_REPORT_ENV not in os.environ and list(launch.tmp.iterdir()) == []
+    assert launch.killed == [(launch.spawned, {})] and earlier.pid != launch.spawned
+    assert STARTUP_REPORT_ENV not in os.environ and STARTUP_LAUNCHER_ENV not in os.environ
+    assert list(launch.tmp.iterdir()) == []
+
+
+def fail_a_launch_spawning(launch):
+    """:func:`fail_a_launch` with a child process started during the launch (``launch.spawned``)."""
+    launch.launches.begin(server_args())
+    child = multiprocessing.Process(target=time.sleep, args=(60,))
+    child.start()
+    launch.spawned = child.pid
+    try:
+        as_a_scheduler_of_this_process()
+        startup_failure.report_failure(FAILURE)
+        with pytest.raises(BackendArgumentError) as raised:
+            launch.launches.wait(scheduler_died)
+    finally:
+        child.terminate()
+    return raised.value
+
+
+def test_a_scheduler_whose_parent_is_not_the_launcher_keeps_sglangs_signal(launch):
+    """With ``--dp-size`` > 1 the schedulers' parent is SGLang's data-parallel controller, which
+    would wait forever on a scheduler that ended quietly: there the failure is reported and
+    SGLang's SIGQUIT (to the controller, which it kills) stays."""
+    launch.launches.begin(server_args())  # the launcher is this process, not this process's parent
+    with pytest.raises(ValueError, match="MoE experts"):
+        startup_failure.init_reporting_failure(failing_init, None)
+    assert launch.launches.current().reported().startswith("ValueError: --lora-backend intel_xpu")
+    launch.launches.wait(lambda: None)
+
+
+def test_a_launch_refused_after_it_began_leaves_no_variables_to_the_next(launch):
+    """SGLang validates the arguments after ``_set_envs_and_config``: a launch refused there
+    leaves its variables set, and the next launch, in scope or not, from any thread, clears them."""
+    launch.launches.begin(server_args())  # then refused: no wait
+    other = startup_failure.Launches()  # another thread's
+    assert other.begin(server_args(lora_backend="triton")) is None
+    assert STARTUP_REPORT_ENV not in os.environ and STARTUP_LAUNCHER_ENV not in os.environ
 
 
 def test_a_launch_from_another_thread_raises_there(launch):
@@ -73,7 +131,7 @@ def test_a_launch_from_another_thread_raises_there(launch):
     thread = threading.Thread(target=lambda: raised.append(fail_a_launch(launch)))
     thread.start()
     thread.join()
-    assert [type(e) for e in raised] == [BackendArgumentError] and launch.killed
+    assert [type(e) for e in raised] == [BackendArgumentError]
 
 
 def test_ready_schedulers_close_the_launch(launch):
@@ -99,7 +157,7 @@ def test_other_launches_keep_sglangs_behaviour(launch, fields):
     """No report to write: the scheduler's failure goes to SGLang's handler (its SIGQUIT)."""
     assert launch.launches.begin(server_args(**fields)) is None and STARTUP_REPORT_ENV not in os.environ
     with pytest.raises(ValueError, match="MoE experts"):
-        startup_failure.init_reporting_failure(lambda scheduler: (_ for _ in ()).throw(FAILURE), None)
+        startup_failure.init_reporting_failure(failing_init, None)
 
 
 def test_sglangs_own_backends_with_the_checks_on(launch, monkeypatch):
@@ -114,24 +172,10 @@ def test_the_hooks_are_sglangs_launch_steps(launch, monkeypatch):
     from sglang.srt.managers.scheduler import Scheduler
 
     monkeypatch.setenv(STARTUP_REPORT_ENV, str(launch.tmp / "report.txt"))
+    monkeypatch.setenv(STARTUP_LAUNCHER_ENV, str(os.getppid()))
     with pytest.raises(SystemExit):
         Scheduler(None, None)  # SGLang's __init__ fails on these arguments
     assert (launch.tmp / "report.txt").read_text() == "ValueError: config namespace 'device' not published\n"
-
-
-def test_a_data_parallel_controller_ends_quietly_after_its_scheduler_reported(launch, monkeypatch):
-    """With ``--dp-size`` > 1 the schedulers' parent is SGLang's data-parallel controller, whose
-    wait for a scheduler that ended fails (``EOFError``); it ends with status 1 too, instead of
-    SIGQUIT to the launcher (whose handler would kill the caller), and the scheduler's report
-    stays the reason. Through SGLang's own (hooked) ``DataParallelController.__init__``."""
-    from sglang.srt.managers.data_parallel_controller import DataParallelController
-
-    report = launch.tmp / "report.txt"
-    monkeypatch.setenv(STARTUP_REPORT_ENV, str(report))
-    startup_failure.report_failure(FAILURE)  # the scheduler's
-    with pytest.raises(SystemExit):
-        DataParallelController(None, None, None, None)  # SGLang's __init__ fails on these
-    assert report.read_text() == "ValueError: --lora-backend intel_xpu on cpu: LoRA on MoE experts ...\n"
 
 
 def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
@@ -154,6 +198,7 @@ def test_a_failed_launch_closes_its_tokenizer_managers_sockets(launch):
         manager = types.SimpleNamespace(send_to_scheduler=socket, name="tokenizer manager")
         launch.launches.begin(server_args())
         launch.launches.record(manager)
+        as_a_scheduler_of_this_process()
         startup_failure.report_failure(FAILURE)
         with pytest.raises(BackendArgumentError):
             launch.launches.wait(scheduler_died)

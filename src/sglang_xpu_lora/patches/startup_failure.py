@@ -1,9 +1,7 @@
 """Targets: sglang.srt.entrypoints.engine._set_envs_and_config (AFTER),
     sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__ (AFTER),
     sglang.srt.entrypoints.engine._wait_for_scheduler_ready (AROUND), in the launching thread, and
-    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process, and
-    sglang.srt.managers.data_parallel_controller.DataParallelController.__init__ (AROUND), in the
-    data-parallel controller (``--dp-size`` > 1: it spawns the schedulers and waits for them).
+    sglang.srt.managers.scheduler.Scheduler.__init__ (AROUND), in each scheduler process.
 Why: what only the scheduler can decide (an adapter named by a Hub id that does not load, a backend's
     refusal of the loaded model's LoRA targets) fails in ``Scheduler.__init__``; SGLang 0.5.23's
     scheduler process logs the traceback and sends SIGQUIT to its parent. Launched from the main
@@ -13,20 +11,26 @@ Why: what only the scheduler can decide (an adapter named by a Hub id that does 
     reason exists only in the log.
 How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`)
     and no ``--custom-sigquit-handler``, the launching thread opens a :class:`Launch`: a report
-    file named in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` (inherited by the
-    schedulers it spawns) and the ``TokenizerManager`` objects made during it. A scheduler whose
-    ``__init__`` raises logs the traceback as SGLang does, appends ``Type: message`` to the report
-    and ends its process with ``SystemExit(1)`` instead of signalling the parent; so does a
-    data-parallel controller (whose wait for that scheduler then fails: the scheduler's report
-    stays the reason). SGLang's wait for
-    the schedulers then raises its "scheduler died" ``RuntimeError`` in the launching thread,
-    whatever thread it is; with a report, the plugin ends the launch's child processes as SGLang's
-    handler does (``kill_process_tree`` of this process's children), closes the ZeroMQ sockets of
-    the launch's ``TokenizerManager`` (made before the wait and abandoned with the failed launch,
-    its context's ``__del__`` would wait forever on them at a later garbage collection, hanging
-    the caller) and raises :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError` with the
-    report instead, so ``Engine(...)`` raises in the caller and ``sglang serve`` ends with the
-    message alone. A scheduler that dies without a report (killed by the OS) is SGLang's error.
+    file and the launcher's pid, named in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` and
+    :data:`~sglang_xpu_lora.settings.STARTUP_LAUNCHER_ENV` (inherited by the processes it
+    spawns), the child processes that existed before it, and the ``TokenizerManager`` objects made
+    during it. A scheduler whose ``__init__`` raises appends ``Type: message`` to the report (the
+    first failure of a launch is its reason) and, when its parent is the launcher, logs the
+    traceback as SGLang does and ends its process with ``SystemExit(1)`` instead of signalling it.
+    (With ``--dp-size`` > 1 the parent is SGLang's data-parallel controller, which waits on the
+    scheduler without noticing that it ended: there SGLang's SIGQUIT stays, and kills the
+    controller, which installs no handler.) SGLang's wait for the schedulers then raises its
+    "scheduler died" ``RuntimeError`` in the launching thread, whatever thread it is; with a
+    report, the plugin ends the child processes started during the launch (``kill_process_tree``
+    of each: other engines of the caller keep theirs), closes the ZeroMQ sockets of the launch's
+    ``TokenizerManager`` (made before the wait and abandoned with the failed launch, its context's
+    ``__del__`` would wait forever on them at a later garbage collection, hanging the caller) and
+    raises :class:`~sglang_xpu_lora.patches.errors.BackendArgumentError` with the report instead,
+    so ``Engine(...)`` raises in the caller and ``sglang serve`` ends with the message alone. A
+    scheduler that dies without a report (killed by the OS) is SGLang's error. A launch out of
+    scope clears the variables (a launch refused at argument validation, after
+    ``_set_envs_and_config``, leaves them set). The variables are per process: two launches at
+    once from two threads share them, and the first to fail reports for both.
 Checked against: SGLang 0.5.23.
 Remove when: SGLang raises scheduler start-up failures in the launching caller.
 """
@@ -34,6 +38,7 @@ Remove when: SGLang raises scheduler start-up failures in the launching caller.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -45,7 +50,7 @@ from sglang_xpu_lora.adapters import checked_backends
 from sglang_xpu_lora.patches.errors import BackendArgumentError
 from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
-from sglang_xpu_lora.settings import STARTUP_REPORT_ENV
+from sglang_xpu_lora.settings import STARTUP_LAUNCHER_ENV, STARTUP_REPORT_ENV
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
 
@@ -54,28 +59,30 @@ logger = logging.getLogger(__name__)
 
 class Launch:
     """One launch in scope, in its launching thread: ``report``, the file its schedulers append
-    their start-up failures to, and ``managers``, the ``TokenizerManager`` objects made during it."""
+    their start-up failures to; ``before``, the pids of this process's child processes when it
+    began; ``managers``, the ``TokenizerManager`` objects made during it."""
 
-    def __init__(self, report: Path):
-        self.report = report
+    def __init__(self, report: Path, before: set[int]):
+        self.report, self.before = report, before
         self.managers: list[Any] = []
 
     @classmethod
     def open(cls) -> "Launch":
         """A launch with a fresh report path (the file is written only by a scheduler that fails),
-        named in :data:`STARTUP_REPORT_ENV` for the schedulers about to be spawned."""
+        named with this process's pid for the processes about to be spawned."""
         descriptor, name = tempfile.mkstemp(prefix="sglang-xpu-lora-startup-", suffix=".txt")
         os.close(descriptor)
         report = Path(name)
         report.unlink()
         os.environ[STARTUP_REPORT_ENV] = str(report)
-        return cls(report)
+        os.environ[STARTUP_LAUNCHER_ENV] = str(os.getpid())
+        return cls(report, {child.pid for child in multiprocessing.active_children()})
 
     def close(self) -> None:
-        """The launch is over (ready, or failed): its report removed, the variable unset."""
+        """The launch is over (ready, or failed): its report removed, the variables unset."""
         self.report.unlink(missing_ok=True)
         if os.environ.get(STARTUP_REPORT_ENV) == str(self.report):
-            os.environ.pop(STARTUP_REPORT_ENV)
+            clear_variables()
 
     def reported(self) -> Optional[str]:
         """What the schedulers reported, one ``Type: message`` each (repeats dropped), or None."""
@@ -100,7 +107,10 @@ class Launch:
 
         :param reported: what the schedulers reported (:meth:`reported`).
         """
-        resolve(targets.KILL_PROCESS_TREE)(os.getpid(), include_parent=False)
+        kill_process_tree = resolve(targets.KILL_PROCESS_TREE)
+        for child in multiprocessing.active_children():
+            if child.pid not in self.before:
+                kill_process_tree(child.pid)
         self.close_sockets()
         return BackendArgumentError(f"SGLang's scheduler failed to start: {reported}")
 
@@ -116,39 +126,42 @@ def in_scope(server_args: Any) -> bool:
     )
 
 
+def clear_variables() -> None:
+    """Unset the launch's variables: no launch of this process is open."""
+    os.environ.pop(STARTUP_REPORT_ENV, None)
+    os.environ.pop(STARTUP_LAUNCHER_ENV, None)
+
+
 def report_failure(exc: BaseException) -> bool:
-    """In a launch's child process whose ``__init__`` raised ``exc``: log the traceback (as
-    SGLang's ``run_scheduler_process`` does) and, when nothing is reported yet (the first failure
-    is the cause: a data-parallel controller fails because its scheduler ended), append
-    ``Type: message`` to the launch's report file. Returns whether there is a launch to report to
-    (the process should then end without signalling its parent)."""
+    """In a scheduler process whose ``__init__`` raised ``exc``: append ``Type: message`` to the
+    launch's report file when nothing is reported yet (the first failure is the reason). Returns
+    whether this process should end without signalling its parent: a launch in scope, and the
+    parent is the launcher (whose wait notices the ended process)."""
     report = os.environ.get(STARTUP_REPORT_ENV)
     if not report:
         return False
-    logger.error("Start-up failure of %s", type(exc).__name__, exc_info=exc)
     if not os.path.exists(report):
         with open(report, "a") as file:
             file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
-    return True
+    return os.environ.get(STARTUP_LAUNCHER_ENV) == str(os.getppid())
 
 
-def init_reporting_failure(original: Callable, obj: Any, *args: Any, **kwargs: Any) -> None:
-    """SGLang's ``Scheduler.__init__`` or ``DataParallelController.__init__`` (which spawns the
-    schedulers with ``--dp-size`` > 1); a failure in a launch in scope is reported
-    (:func:`report_failure`) and ends the process with status 1 instead of SGLang's SIGQUIT to the
-    parent.
+def init_reporting_failure(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """SGLang's ``Scheduler.__init__``; a failure in a launch in scope is reported
+    (:func:`report_failure`) and, where the parent is the launcher, logged and ended with status 1
+    instead of SGLang's SIGQUIT to the parent.
 
     Raises:
         SystemExit: (1) after a reported failure (not an ``Exception``, which SGLang's
-            ``run_scheduler_process`` / ``run_data_parallel_controller_process`` would catch and
-            signal).
-        Exception: the failure itself, outside a launch in scope.
+            ``run_scheduler_process`` would catch and signal).
+        Exception: the failure itself otherwise (SGLang logs it and signals the parent).
     """
     try:
-        return original(obj, *args, **kwargs)
+        return original(scheduler, *args, **kwargs)
     except Exception as exc:
         if not report_failure(exc):
             raise
+        logger.error("Scheduler hit an exception", exc_info=exc)
     sys.stdout.flush()
     sys.stderr.flush()
     raise SystemExit(1)
@@ -167,9 +180,11 @@ class Launches:
 
     def begin(self, server_args: Any) -> Optional[Launch]:
         """After SGLang's ``_set_envs_and_config``: a launch in scope (:func:`in_scope`) opens its
-        :class:`Launch`; a launch of this thread left open before is closed."""
+        :class:`Launch`; a launch of this thread left open before is closed, and the variables of
+        any left unset."""
         if self.current() is not None:
             self.current().close()
+        clear_variables()  # what a launch refused after _set_envs_and_config left set
         self.local.launch = Launch.open() if in_scope(server_args) else None
         return self.local.launch
 
@@ -214,4 +229,3 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
     queue_hook(targets.WAIT_FOR_SCHEDULER_READY, launches.wait, "AROUND", undo)
     queue_hook(targets.TOKENIZER_MANAGER_INIT, after_tokenizer_manager_init, "AFTER", undo)
     queue_hook(targets.SCHEDULER_INIT, init_reporting_failure, "AROUND", undo)
-    queue_hook(targets.DATA_PARALLEL_CONTROLLER_INIT, init_reporting_failure, "AROUND", undo)

@@ -59,7 +59,6 @@ FILTER_FILES_NOT_NEEDED_FOR_INFERENCE = "sglang.srt.model_loader.weight_utils.fi
 SET_ENVS_AND_CONFIG = "sglang.srt.entrypoints.engine._set_envs_and_config"
 WAIT_FOR_SCHEDULER_READY = "sglang.srt.entrypoints.engine._wait_for_scheduler_ready"
 SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
-DATA_PARALLEL_CONTROLLER_INIT = "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__"
 KILL_PROCESS_TREE = "sglang.srt.utils.common.kill_process_tree"
 # (the launch's TokenizerManager, made before the wait, is recorded to close its sockets on failure)
 TOKENIZER_MANAGER_INIT = "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"
