@@ -203,8 +203,25 @@ def receivers_of(tree: ast.AST, module: str, function: str | None = None) -> dic
 COMPUTED_NAME = "<a name computed at run time: read the attribute by its name>"
 
 
-def attribute_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """``(classes, attribute, line)`` for each attribute used on a typed expression."""
+def string_constants(tree: ast.Module) -> dict[str, str]:
+    """The module's ``NAME = "text"`` constants."""
+    return {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+
+
+#: The plugin's own attributes on SGLang objects are named in this namespace.
+OWN_ATTRIBUTE = re.compile(r"_?(sglang_)?xpu_lora_\w+")
+
+
+def attribute_uses(
+    tree: ast.Module, typed: dict[str, tuple[str, ...]], constants: dict[str, str] | None = None
+) -> Iterator[tuple[tuple[str, ...], str, int]]:
+    """``(classes, attribute, line)`` for each attribute used on a typed expression; a
+    ``getattr`` name given by a module constant (``constants``) is that constant's value."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and dotted(node.value) in typed:
             yield typed[dotted(node.value)], node.attr, node.lineno
@@ -224,10 +241,13 @@ def attribute_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Itera
             and dotted(node.args[0]) in typed
         ):
             name = node.args[1]
-            if isinstance(name, ast.Name) and name.id.endswith("_ATTR"):
-                continue  # the plugin's own attribute on the object (a module constant *_ATTR)
-            # a computed name is reported as such: the table cannot be checked against it
-            yield typed[dotted(node.args[0])], name.value if isinstance(name, ast.Constant) else COMPUTED_NAME, node.lineno
+            if isinstance(name, ast.Name) and name.id in (constants or {}):
+                value = constants[name.id]
+                if OWN_ATTRIBUTE.fullmatch(value):
+                    continue  # the plugin's own attribute on the object
+            else:  # a computed name is reported as such: the table cannot be checked against it
+                value = name.value if isinstance(name, ast.Constant) else COMPUTED_NAME
+            yield typed[dotted(node.args[0])], value, node.lineno
 
 
 def subclass_uses(tree: ast.Module, typed: dict[str, tuple[str, ...]]) -> Iterator[tuple[str, str, int, tuple[str, ...]]]:
@@ -378,11 +398,12 @@ def surface_problems(source: Path) -> list[str]:
             ):
                 problems.append(f"{module}:{node.lineno}: {node.value!r} is not in targets.ALL")
         typed = {**receivers_of(tree, module), **annotated_receivers(tree, imported)}
-        uses = set(attribute_uses(tree, typed))
+        constants = string_constants(tree)
+        uses = set(attribute_uses(tree, typed, constants))
         for function in functions(tree):
             scope = {**typed, **receivers_of(function, module, function.name),
                      **annotated_receivers(function, imported, function)}
-            uses |= set(attribute_uses(function, scope))
+            uses |= set(attribute_uses(function, scope, constants))
         for classes, attribute, line in sorted(uses, key=lambda use: use[2]):
             if attribute in TORCH_MODULE_ATTRIBUTES:
                 continue
@@ -501,3 +522,17 @@ def test_a_read_by_a_computed_name_is_reported(tmp_path):
     module.write_text(text.replace(by_name, "given = [getattr(obj, field) for field in LORA_FIELDS]"))
     problems = surface_problems(copy)
     assert problems and all(p.startswith("patches/request_checks.py:") and COMPUTED_NAME in p for p in problems), problems
+
+
+def test_a_read_through_a_constant_is_checked_by_its_value(tmp_path):
+    """``getattr(manager, UNLOADED_ATTR)`` passes as the plugin's own attribute only while the
+    constant names one (``xpu_lora_...``); naming an SGLang attribute, it is checked as one."""
+    copy = tmp_path / "sglang_xpu_lora"
+    shutil.copytree(SOURCE, copy)
+    module = copy / "patches" / "unload_final.py"
+    text = module.read_text()
+    own = 'UNLOADED_ATTR = "xpu_lora_unloaded"'
+    assert text.count(own) == 1
+    module.write_text(text.replace(own, 'UNLOADED_ATTR = "pending_unloads"'))
+    problems = surface_problems(copy)
+    assert problems and all(p.startswith("patches/unload_final.py:") and "pending_unloads" in p for p in problems), problems
