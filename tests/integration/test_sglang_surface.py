@@ -510,29 +510,27 @@ def test_an_untyped_receiver_is_reported(tmp_path, module, annotated, plain, fun
     assert len(problems) == 1 and problems[0].startswith(f"{module}:") and function in problems[0], problems
 
 
-def test_a_read_by_a_computed_name_is_reported(tmp_path):
-    """``getattr(obj, field)`` on an SGLang object with a name computed at run time cannot be
-    checked against the table: a copy of the source that reads a request's LoRA fields so fails."""
+
+@pytest.mark.parametrize(
+    ("module", "before", "after", "named"),
+    [
+        # getattr(obj, field) with a name computed at run time cannot be checked against the table
+        ("request_checks.py", "given = (obj.lora_path, obj.lora_id)",
+         "given = [getattr(obj, field) for field in LORA_FIELDS]", COMPUTED_NAME),
+        # a constant passes as the plugin's own attribute only while it names one (xpu_lora_...)
+        ("unload_final.py", 'UNLOADED_ATTR = "xpu_lora_unloaded"', 'UNLOADED_ATTR = "pending_unloads"',
+         "pending_unloads"),
+    ],
+    ids=["computed-name", "constant-naming-an-sglang-attribute"],
+)
+def test_a_getattr_read_is_checked_by_the_name_it_reads(tmp_path, module, before, after, named):
+    """A copy of the source whose ``getattr`` reads on SGLang objects no longer name the attribute
+    literally is reported, naming the module."""
     copy = tmp_path / "sglang_xpu_lora"
     shutil.copytree(SOURCE, copy)
-    module = copy / "patches" / "request_checks.py"
-    text = module.read_text()
-    by_name = "given = (obj.lora_path, obj.lora_id)"
-    assert text.count(by_name) == 1
-    module.write_text(text.replace(by_name, "given = [getattr(obj, field) for field in LORA_FIELDS]"))
+    path = copy / "patches" / module
+    text = path.read_text()
+    assert text.count(before) == 1
+    path.write_text(text.replace(before, after))
     problems = surface_problems(copy)
-    assert problems and all(p.startswith("patches/request_checks.py:") and COMPUTED_NAME in p for p in problems), problems
-
-
-def test_a_read_through_a_constant_is_checked_by_its_value(tmp_path):
-    """``getattr(manager, UNLOADED_ATTR)`` passes as the plugin's own attribute only while the
-    constant names one (``xpu_lora_...``); naming an SGLang attribute, it is checked as one."""
-    copy = tmp_path / "sglang_xpu_lora"
-    shutil.copytree(SOURCE, copy)
-    module = copy / "patches" / "unload_final.py"
-    text = module.read_text()
-    own = 'UNLOADED_ATTR = "xpu_lora_unloaded"'
-    assert text.count(own) == 1
-    module.write_text(text.replace(own, 'UNLOADED_ATTR = "pending_unloads"'))
-    problems = surface_problems(copy)
-    assert problems and all(p.startswith("patches/unload_final.py:") and "pending_unloads" in p for p in problems), problems
+    assert problems and all(p.startswith(f"patches/{module}:") and named in p for p in problems), problems
