@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -162,9 +161,7 @@ def init_reporting_failure(original: Callable, scheduler: Any, *args: Any, **kwa
         if not report_failure(exc):
             raise
         logger.error("Scheduler hit an exception", exc_info=exc)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    raise SystemExit(1)
+    raise SystemExit(1)  # multiprocessing flushes the standard streams as the process ends
 
 
 class Launches:
