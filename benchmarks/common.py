@@ -73,19 +73,33 @@ def time_call(fn: Callable[[], object], device: torch.device, *, min_seconds: fl
     return statistics.median(samples)
 
 
-def capture(fn: Callable[[], object], device: torch.device):
-    """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) after one warm-up call on a side
-    stream, as SGLang's graph runners do. Returns ``(graph, what the captured call returned)``: the
-    returned tensors are the graph's outputs, rewritten by every replay."""
+#: One capture stream per device, reused by every capture: SGLang's graph runners warm up and
+#: capture on one global capture stream, and ``LoraWorkspace`` (``triton_v2``) keys its graph
+#: scratch by the caller's stream, so warming up on one stream and capturing on another leaves the
+#: capture's scratch unwarmed ("MoE LoRA workspace was not warmed before CUDA capture").
+_CAPTURE_STREAMS: dict = {}
+
+
+def capture(fn: Callable[[], object], device: torch.device, *, warmups: int = 2):
+    """Capture ``fn`` in a CUDA or XPU graph (``device``'s type) as SGLang's graph runners do:
+    ``warmups`` calls on the device's capture stream, then the capture on that same stream.
+
+    Returns ``(graph, what the captured call returned)``: the returned tensors are the graph's
+    outputs, rewritten by every replay.
+    """
     gpu = accelerator(device)
-    stream = gpu.Stream()
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = gpu.Stream(device)
     stream.wait_stream(gpu.current_stream())
     with gpu.stream(stream):
-        fn()
-    gpu.current_stream().wait_stream(stream)
+        for _ in range(warmups):
+            fn()
+    stream.synchronize()
     g = torch.cuda.CUDAGraph() if device.type == "cuda" else torch.xpu.XPUGraph()
-    with gpu.graph(g):
+    with gpu.graph(g, stream=stream):
         result = fn()
+    gpu.current_stream().wait_stream(stream)
     return g, result
 
 

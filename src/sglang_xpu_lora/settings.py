@@ -5,6 +5,8 @@ anything heavy is imported.
 * :data:`KERNELS_ENV`: which provider runs the LoRA ops (:mod:`sglang_xpu_lora.providers.selection`).
 * :data:`GRAPH_NATIVE_ENV`: whether native ops run inside graphs: ``probe`` (default, decided by a
   trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
+* :data:`PLANS_ENV`: a dense-tier plan table file read before the shipped ones
+  (:mod:`sglang_xpu_lora.dense.plans`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
   (:mod:`sglang_xpu_lora.adapters.checked_backends`).
 * :data:`STARTUP_REPORT_ENV`, :data:`STARTUP_LAUNCHER_ENV`: set by the plugin itself, not by
@@ -19,6 +21,7 @@ import os
 KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
+PLANS_ENV = "SGLANG_XPU_LORA_PLANS"
 STARTUP_REPORT_ENV = "SGLANG_XPU_LORA_STARTUP_REPORT"
 STARTUP_LAUNCHER_ENV = "SGLANG_XPU_LORA_STARTUP_LAUNCHER"
 

@@ -62,7 +62,8 @@ from typing import Optional
 
 import torch
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
-from sglang.srt.lora.utils import LoRABatchInfo
+from sglang.srt.lora.dense.plan import DenseLoraKind
+from sglang.srt.lora.utils import LoRABatchInfo, Phase
 from sglang.srt.runtime_context import LoRABatchLayout
 
 from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule
@@ -71,8 +72,10 @@ from sglang_xpu_lora.backend.log_line import built_line
 from sglang_xpu_lora.backend.module_ops import gate_up_projection, stacked_projection
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
 from sglang_xpu_lora.backend.route_table import RouteTable
+from sglang_xpu_lora.dense.runner import DeviceDenseRunner
+from sglang_xpu_lora.dense.workspace import fork_join_captures
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
-from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_support
+from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
 
 
@@ -125,7 +128,16 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: plugin's pool hook (:meth:`use_memory_pool`); None until then.
         self.lora_memory_pool = None
         self._pool_check_pending = False
-        logger.info("%s", built_line(self.name, device, self.op_selection))
+        #: The dense tier (:mod:`sglang_xpu_lora.dense`): SGLang's ``triton_v2`` kernels behind
+        #: :meth:`forward_with_base`, for the linears of batches whose shrink the selection gives to
+        #: SGLang's Triton kernels (:meth:`dense_serves`); None where Triton does not run.
+        self.dense = (
+            DeviceDenseRunner(max_loras=max_loras_per_batch, device=self.device, overlap_in_graphs=torch.device(self.device).type == "cuda")
+            if self._triton_selected() else None
+        )
+        #: Whether the current batch's linears run on the dense tier (set per batch).
+        self.dense_batch = False
+        logger.info("%s", built_line(self.name, device, self.op_selection, self.dense))
 
     # --- the pool layout this backend's ops need -----------------------------------------------
 
@@ -196,6 +208,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._check_memory_pool()
         self._decide_graph_ops(max_bs_in_cuda_graph * num_tokens_per_req)
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
+        self._set_up_dense_graphs(max_bs_in_cuda_graph * num_tokens_per_req, prefill=False)
         self.routes.set_up_decode_graphs(
             self.op_selection, self.chunked_decode_rule, max_bs_in_cuda_graph * num_tokens_per_req, self.max_loras_per_batch
         )
@@ -206,6 +219,19 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._check_memory_pool()
         self._decide_graph_ops(max_num_tokens)
         super().init_prefill_cuda_graph_batch_info(max_num_tokens, max_num_requests)
+        self._set_up_dense_graphs(max_num_tokens, prefill=True)
+
+    def _set_up_dense_graphs(self, tokens: int, *, prefill: bool) -> None:
+        """The dense tier's graph set-up: its persistent token map for ``tokens`` rows and, off
+        CUDA, whether its base-GEMM overlap may fork inside graphs (a trial capture,
+        :func:`~sglang_xpu_lora.dense.workspace.fork_join_captures`; SGLang's own ``triton_v2``
+        captures it on CUDA)."""
+        if self.dense is None:
+            return
+        self.dense.allocate_graph_token_slots(tokens, prefill=prefill)
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            self.dense.workspace.overlap_in_graphs = fork_join_captures(device)
 
     def _decide_graph_ops(self, tokens: int) -> None:
         """Decide by trial captures sized like this graph set-up (``tokens``) which ops the
@@ -232,8 +258,43 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             use_prefill_cuda_graph=use_prefill_cuda_graph,
         )
         self._int32_lora_ranks()
-        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule,
-                                build_now=use_cuda_graph or use_prefill_cuda_graph)
+        graph = use_cuda_graph or use_prefill_cuda_graph
+        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule, build_now=graph)
+        self.dense_batch = self.dense_serves(graph)
+        if self.dense_batch:
+            info = self.batch_info
+            self.dense.begin_lora_batch(
+                info, requests=info.num_segments, num_tokens=info.expected_tokens,
+                phase=Phase.PREFILL if forward_batch.forward_mode.is_extend() else Phase.DECODE,
+                graph=graph, prefill_graph=use_prefill_cuda_graph,
+            )
+
+    def _triton_selected(self) -> bool:
+        """Whether the selection gives the shrink to SGLang's Triton kernels in either mode."""
+        return any(self.dense_serves_choice(use_graph) for use_graph in (False, True))
+
+    def dense_serves_choice(self, use_graph: bool) -> bool:
+        """Whether the op selection gives the linears' shrink to SGLang's Triton kernels outside
+        (``use_graph`` False) or inside graphs: the dense tier's place."""
+        return self.op_selection.choices_for(use_graph)["sgemm_lora_a_fwd"].provider is triton_ops.PROVIDER
+
+    def dense_serves(self, use_graph: bool) -> bool:
+        """Whether the linears of a batch outside (``use_graph`` False) or inside graphs run on the
+        dense tier: where the selection would run SGLang's Triton kernels (:meth:`dense_serves_choice`);
+        the native and portable ops stay per op."""
+        return self.dense is not None and self.dense_serves_choice(use_graph)
+
+    def reset_routing_cache(self) -> None:
+        """SGLang's per-forward route reset (before every graph warm-up and capture forward), for the
+        dense tier's routes too."""
+        super().reset_routing_cache()
+        if self.dense is not None:
+            self.dense.reset_routes()
+
+    def reset_batch_state(self):
+        """SGLang's idle-forward reset; no batch for the dense tier either."""
+        super().reset_batch_state()
+        self.dense_batch = False
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
@@ -241,6 +302,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
         self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule)
+        self.dense_batch = False  # explicit segments: the per-op tier
 
     def _batch_infos(self) -> list:
         """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
@@ -266,6 +328,30 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         return self.routes.route(info, self.op_selection, self.chunked_decode_rule)
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
+
+    def forward_with_base(
+        self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, *, all_reduce=None,
+        kind=DenseLoraKind.LINEAR, pruned_batch_info=None,
+    ) -> torch.Tensor:
+        """Base layer plus LoRA: SGLang's single entry for every LoRA'd layer (``srt/lora/layers.py``).
+
+        x: ``(tokens, K)`` activations (token ids for the embedding); ``base_fn()`` the base layer's
+        output ``(tokens, >= offsets[-1])``; ``lora_a`` ``(slots, stack * max_rank, K)``; ``lora_b``
+        ``(slots, offsets[-1], max_rank)``; ``offsets`` host ints, the output slices' bounds.
+        ``all_reduce`` (row-parallel linears at TP > 1): applied once, to base + LoRA (B is
+        replicated, so the sum over ranks of each rank's ``base + B(A x)`` is the full result).
+
+        Linears of a dense batch (:attr:`dense_batch`) run on the dense tier (SGLang's ``triton_v2``
+        kernels, plan per call, overlapped with the base GEMM: :mod:`sglang_xpu_lora.dense`); the
+        embedding, lm_head (with its ``pruned_batch_info``, read by the layer) and every other batch
+        run the layer's ``apply_lora``, i.e. the per-op ``run_*`` methods below.
+        """
+        if self.dense_batch and kind == DenseLoraKind.LINEAR:
+            dense = self.dense
+            plan = dense.plan_for(kind, lora_b.shape[-1], lora_a.shape[-1], offsets[-1], num_tokens=x.shape[0])
+            return dense.apply(x, base_fn, plan, a=lora_a, b=lora_b, offsets=offsets, all_reduce=all_reduce)
+        output = layer.apply_lora(base_fn(), x)
+        return output if all_reduce is None else all_reduce(output)
 
     def run_lora_a_embedding(
         self,

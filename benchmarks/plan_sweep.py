@@ -1,0 +1,249 @@
+"""Plan sweep: measure every candidate plan of the dense tier per linear, write the winners as a plan
+table (:mod:`sglang_xpu_lora.dense.plans`, SGLang's ``plans.json`` schema).
+
+Per point (model shape, linear, pool rank, tokens) it builds one
+:class:`~sglang_xpu_lora.dense.runner.DeviceDenseRunner` batch (``--adapters`` adapters of real rank
+``--real-rank`` over :data:`benchmarks.ops.MAX_LORAS` slots, distinct scalings, requests spread over
+the adapters as :class:`benchmarks.ops.Case` spreads them), then for each candidate plan runs the
+linear as SGLang's layers do (``apply``: base GEMM ``F.linear`` + LoRA, overlapped as the plan says),
+checks the output against float64 (``--tolerance``, bf16: 2e-2; a candidate over it is dropped and
+recorded), and times it: decode points captured in a CUDA/XPU graph (:func:`benchmarks.common.capture`,
+then :func:`benchmarks.common.replay_time`), prefill points eagerly. The route is built by the
+warm-up and kept (a layer builds it once per forward for all its linears), so each figure is the
+linear's own cost. The winner of each point becomes one row: phase, ``max_tokens`` (the point's
+tokens: a call takes the row of the smallest measured count at or above its own), ``max_rank``
+(the pool rank), and the linear's exact K and N. Calls outside the measured shapes fall through to
+SGLang's table (:class:`~sglang_xpu_lora.dense.plans.PlanTable`).
+
+Candidates (:func:`candidates`): decode: overlap ``a`` / ``ab_delta`` x shrink grouped split-K
+4/8/16, per-row, all-slots x expand grouped or per-row with ``BLOCK_SIZE_N`` 64/128 (all-slots:
+per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x grouped shrink split-K
+1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
+
+    python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
+    python -m benchmarks.plan_sweep --device xpu --out my.plans.json    # an Intel GPU (examples/xpu/measure.sh)
+    python -m benchmarks.plan_sweep --quick                             # CPU smoke run (interpreter)
+
+Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
+candidate to ``plan-sweep-<device>[-quick].json`` under ``--results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, capture, machine, replay_time
+from benchmarks.ops import MAX_LORAS, TINY, Case, reference_output
+
+A_TILES = {"BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3}
+B_TILES = {"BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 2}
+DECODE_TOKENS = (1, 8, 32, 64, 128, 256)
+PREFILL_TOKENS = (512, 2048, 8192)
+#: Pool ranks swept (``--max-lora-rank``); adapters run at ``--real-rank`` (at most the pool rank).
+POOL_RANKS = (64, 16)
+
+
+def candidates(phase: str, quick: bool = False) -> list[dict]:
+    """Plan specs (``DensePlan`` fields, JSON values) tried at a point of ``phase``."""
+    specs = []
+    if phase == "decode":
+        shrinks = [("grouped", {"SPLIT_K": k}) for k in (4, 8, 16)] + [("per_row", {}), ("all_slots", {})]
+        for overlap, (a_family, a_extra), b_family, block_n in itertools.product(
+            ("a", "ab_delta"), shrinks, ("grouped", "per_row"), (64, 128)
+        ):
+            if a_family == "all_slots" and b_family != "per_row":
+                continue
+            specs.append(dict(
+                a_family=a_family, b_family=b_family, overlap=overlap, block_size=16,
+                a_tiles={**A_TILES, **a_extra}, b_tiles={**B_TILES, "BLOCK_SIZE_N": block_n},
+            ))
+    else:
+        for overlap, split_k, block_n, block in itertools.product(("none", "a"), (1, 4), (64, 128), (32, 64, 128)):
+            specs.append(dict(
+                a_family="grouped", b_family="grouped", overlap=overlap, block_size=block,
+                a_tiles={**A_TILES, **({"SPLIT_K": split_k} if split_k > 1 else {})},
+                b_tiles={**B_TILES, "BLOCK_SIZE_N": block_n, "num_warps": 8},
+            ))
+    if quick:  # the interpreter: small tiles, a few of each family
+        small = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}
+        specs = [
+            {**s, "block_size": 16, "a_tiles": {**small, **{k: v for k, v in s["a_tiles"].items() if k == "SPLIT_K"}}, "b_tiles": small}
+            for s in specs[:: max(1, len(specs) // 4)]
+        ]
+    return specs
+
+
+def spec_label(spec: dict) -> str:
+    split = spec["a_tiles"].get("SPLIT_K", 1)
+    return (
+        f"{spec['overlap']}|A:{spec['a_family']}{f'/sk{split}' if split > 1 else ''}"
+        f"|B:{spec['b_family']}/n{spec['b_tiles']['BLOCK_SIZE_N']}|block{spec['block_size']}"
+    )
+
+
+def request_view(case: Case) -> types.SimpleNamespace:
+    """SGLang's request view of the case's batch (what the dense tier binds per batch)."""
+    lens = torch.tensor(case.request_lens, dtype=torch.int32)
+    seg_indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    seg_indptr[1:] = torch.cumsum(lens, 0)
+    return types.SimpleNamespace(
+        seg_indptr=seg_indptr.to(case.device),
+        weight_indices=torch.tensor(case.request_slots, dtype=torch.int32, device=case.device),
+        lora_ranks=case.ranks, scalings=case.scalings, max_len=max(case.request_lens),
+    )
+
+
+def sweep_point(case: Case, name: str, phase: str, args) -> dict:
+    """Every candidate for linear ``name`` of ``case``'s batch: ``{"point": ..., "candidates":
+    [{label, spec, us | failed}], "best": label}``."""
+    from sglang.srt.lora.dense.plan import DenseLoraKind
+    from sglang.srt.lora.utils import Phase
+
+    from sglang_xpu_lora.dense.plans import PlanRow, PlanTable
+    from sglang_xpu_lora.dense.runner import DeviceDenseRunner
+
+    model, pool_rank, tokens, device, dtype = case.model, case.rank, case.tokens, case.device, case.inputs[name].dtype
+    a, b, outs = case.weights[name]
+    x = case.inputs[name]
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    weight = (torch.randn(sum(outs), x.shape[1], generator=gen) * x.shape[1] ** -0.5).to(device, dtype)
+    ref = x.double() @ weight.double().t() + reference_output(case, name)
+    offsets = (0, *itertools.accumulate(outs))
+    graph = phase == "decode" and device.type in GRAPH_DEVICES
+    point = dict(model=model.name, linear=name, K=x.shape[1], N=offsets[-1], pool_rank=pool_rank,
+                 real_rank=case.real_rank, adapters=args.adapters, tokens=tokens, phase=phase)
+    results = []
+    for spec in candidates(phase, args.quick):
+        label = spec_label(spec)
+        runner = DeviceDenseRunner(
+            max_loras=MAX_LORAS, device=device, plans=PlanTable(device, "default", rows=[PlanRow({"name": label, "spec": spec})])
+        )
+        if graph:
+            runner.allocate_graph_token_slots(tokens, prefill=False)
+        runner.begin_lora_batch(request_view(case), requests=len(case.request_lens), num_tokens=tokens,
+                                phase=Phase(phase), graph=graph)
+
+        def forward():
+            return runner.apply(x, lambda: F.linear(x, weight), runner.plan_for(DenseLoraKind.LINEAR, pool_rank, x.shape[1], offsets[-1], num_tokens=tokens),
+                                a=a, b=b, offsets=offsets)
+
+        try:
+            out = forward()
+            error = float((out.double() - ref).abs().max() / ref.abs().max())
+            if not error <= args.tolerance:
+                results.append(dict(label=label, spec=spec, failed=f"output error {error:.3g}"))
+                continue
+            if graph:
+                g, _ = capture(forward, device)
+                seconds, spread = replay_time(g.replay, device, calls=args.calls, rounds=args.rounds)
+                del g
+            else:
+                seconds, spread = replay_time(forward, device, calls=max(2, args.calls // 4), rounds=args.rounds)
+            results.append(dict(label=label, spec=spec, us=seconds * 1e6, spread=spread, error=error))
+        except Exception as exc:  # noqa: BLE001 - recorded per candidate
+            results.append(dict(label=label, spec=spec, failed=f"{type(exc).__name__}: {str(exc)[:200]}"))
+        del runner
+    timed = [r for r in results if "us" in r]
+    best = min(timed, key=lambda r: r["us"]) if timed else None
+    return dict(point=point, candidates=results, best=None if best is None else best["label"])
+
+
+def table_rows(points: list[dict]) -> list[dict]:
+    """One row per swept point with a winner, ordered so the first match is the point's own: per
+    (phase, pool rank, K, N), token bounds ascending; pool ranks ascending (a row admits pools up
+    to its rank)."""
+    rows = []
+    for entry in points:
+        if entry["best"] is None:
+            continue
+        p = entry["point"]
+        spec = next(c["spec"] for c in entry["candidates"] if c["label"] == entry["best"])
+        rows.append(dict(
+            name=f"{p['phase']}.{p['model']}.{p['linear']}.rank_le{p['pool_rank']}.tokens_le{p['tokens']}",
+            phase=p["phase"], kinds=["linear"], max_tokens=p["tokens"], max_rank=p["pool_rank"],
+            min_in_features=p["K"], max_in_features=p["K"], min_out_features=p["N"], max_out_features=p["N"], spec=spec,
+        ))
+    rows.sort(key=lambda r: (r["phase"], r["max_rank"], r["min_in_features"], r["min_out_features"], r["max_tokens"]))
+    return rows
+
+
+def grid(args) -> list[tuple]:
+    """``(model, linear, pool rank, tokens, phase)`` of the run."""
+    if args.quick:
+        return [(TINY, "qkv", 16, 8, "decode"), (TINY, "down", 16, 40, "prefill")]
+    models = [MODELS[m] for m in (args.models or MODELS)]
+    points = []
+    for phase, tokens in (("decode", args.tokens or DECODE_TOKENS), ("prefill", args.prefill_tokens or PREFILL_TOKENS)):
+        if args.phases and phase not in args.phases:
+            continue
+        for model, rank, t in itertools.product(models, args.pool_ranks or POOL_RANKS, tokens):
+            points += [(model, name, rank, t, phase) for name in model.modules()]
+    return points
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny layer, a few candidates")
+    parser.add_argument("--models", nargs="*", choices=list(MODELS))
+    parser.add_argument("--phases", nargs="*", choices=["decode", "prefill"])
+    parser.add_argument("--tokens", nargs="*", type=int, help=f"decode token counts (default {DECODE_TOKENS})")
+    parser.add_argument("--prefill-tokens", nargs="*", type=int, help=f"prefill token counts (default {PREFILL_TOKENS})")
+    parser.add_argument("--pool-ranks", nargs="*", type=int, help=f"pool ranks (default {POOL_RANKS})")
+    parser.add_argument("--real-rank", type=int, default=16, help="the adapters' rank (capped at the pool rank)")
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tolerance", type=float, default=None, help="relative to float64 (bf16: 2e-2, fp32: 1e-4)")
+    parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting points after this")
+    parser.add_argument("--out", help="the plan table to write (default: the shipped table of the device family)")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device = "cpu"
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    args.tolerance = args.tolerance or (1e-4 if dtype == torch.float32 else 2e-2)
+    if device.type == "cpu":  # Triton's interpreter, set before SGLang's kernels are defined
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from sglang_cpu_devsupport import pin_memory
+
+        pin_memory.register()
+    from sglang_xpu_lora.dense.plans import CONFIG_DIR, device_family
+
+    started, points, case = time.perf_counter(), [], None
+    todo = grid(args)
+    for index, (model, name, rank, tokens, phase) in enumerate(todo):
+        if time.perf_counter() - started > args.budget_seconds:
+            print(f"budget spent: {len(todo) - index} points not run", flush=True)
+            break
+        if case is None or (case.model, case.rank, case.tokens, case.mode) != (model, rank, tokens, phase):
+            case = None  # one batch's weights at a time
+            case = Case(model, rank, args.adapters, tokens, phase, dtype, device, real_rank=min(args.real_rank, rank))
+        entry = sweep_point(case, name, phase, args)
+        points.append(entry)
+        print(f"{phase} {model.name} {name} rank {rank} tokens {tokens}: best {entry['best']} "
+              f"({min((c['us'] for c in entry['candidates'] if 'us' in c), default=float('nan')):.1f} us; "
+              f"{sum('failed' in c for c in entry['candidates'])} failed)", flush=True)
+    suffix = "-quick" if args.quick else ""
+    results = Path(args.results) / f"plan-sweep-{device.type}{suffix}.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(dict(machine=machine(), args={k: v for k, v in vars(args).items() if k != "models"}, points=points), indent=1, default=str))
+    out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"
+    if args.quick and not args.out:
+        out = Path(args.results) / "plan-sweep-quick.plans.json"
+    out.write_text(json.dumps({"rows": table_rows(points)}, indent=1) + "\n")
+    print(f"wrote {out} ({len(table_rows(points))} rows) and {results}")
+
+
+if __name__ == "__main__":
+    main()

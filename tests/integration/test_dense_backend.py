@@ -1,0 +1,131 @@
+"""``IntelXpuLoRABackend.forward_with_base``, SGLang's single entry for LoRA'd layers, through the
+real backend and SGLang's batch preparation: linears on the dense tier where the selection names
+SGLang's Triton kernels (interpreted on CPU tensors, tests/conftest.py), on the per-op tier
+otherwise, each compared with a float64 per-row loop (tolerance 1e-5, float32); at TP > 1 one
+collective of base + LoRA on both tiers; graph batches with padded rows; the layer's own
+``apply_lora`` (the per-op ``run_*`` path) never called for a dense linear.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_helpers import forward_batch, lora_reference, pool_weights
+
+MAX_LORAS, RANK, HIDDEN = 3, 4, 16
+RANKS, SCALINGS = [0, 4, 2], [0.0, 2.0, 0.5]
+OUT_DIMS = (8, 4, 4)
+OFFSETS = (0, 8, 12, 16)
+
+
+class Layer:
+    """The parts of SGLang's QKV LoRA layer that ``forward_with_base`` reads: ``apply_lora`` runs the
+    per-op path (``run_qkv_lora``), and records that it ran."""
+
+    def __init__(self, backend, a, b):
+        self.backend, self.a, self.b, self.per_op_calls = backend, a, b, 0
+
+    def apply_lora(self, base_output, x):
+        self.per_op_calls += 1
+        return self.backend.run_qkv_lora(
+            x=x, qkv_lora_a=self.a, qkv_lora_b=self.b, output_offset=torch.tensor(OFFSETS, dtype=torch.int32),
+            max_qkv_out_dim=8, base_output=base_output,
+        )
+
+
+@pytest.fixture
+def backend_for(monkeypatch, sglang_plugins_loaded):
+    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+
+    def make(kernels):
+        monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
+        return IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+
+    return make
+
+
+def forward(backend, x, weight, all_reduce=None):
+    a, b = pool_weights(RANKS, 3, OUT_DIMS, RANK, HIDDEN, seed=0)
+    layer = Layer(backend, a, b)
+    out = backend.forward_with_base(layer, x, lambda: x @ weight.t(), a, b, None, OFFSETS, all_reduce=all_reduce)
+    return out, layer
+
+
+def reference(x, weight, rows):
+    a, b = pool_weights(RANKS, 3, OUT_DIMS, RANK, HIDDEN, seed=0)
+    return lora_reference(x, a, b, OUT_DIMS, rows, SCALINGS, RANKS, base=x @ weight.t())
+
+
+@pytest.mark.parametrize(
+    "mode, lens, slots",
+    [("EXTEND", [3, 2, 4], [1, 0, 2]), ("DECODE", None, [2, 1, 1, 0])],
+    ids=["extend", "decode"],
+)
+@pytest.mark.parametrize("kernels, dense", [("triton", True), ("torch", False)], ids=["dense-tier", "per-op-tier"])
+def test_linears_run_on_the_tier_the_selection_names(backend_for, kernels, dense, mode, lens, slots):
+    backend = backend_for(kernels)
+    assert (backend.dense is not None) == dense
+    batch = forward_batch(mode, len(slots), lens=lens)
+    backend.prepare_lora_batch(batch, slots, RANKS, SCALINGS, False)
+    assert backend.dense_batch == dense
+    rows = [s for s, n in zip(slots, lens or [1] * len(slots)) for _ in range(n)]
+    gen = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(len(rows), HIDDEN, generator=gen), torch.randn(16, HIDDEN, generator=gen)
+    out, layer = forward(backend, x, weight)
+    assert layer.per_op_calls == (0 if dense else 1)
+    torch.testing.assert_close(out.double(), reference(x, weight, rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", ["triton", "torch"], ids=["dense-tier", "per-op-tier"])
+def test_a_row_parallel_linear_reduces_base_plus_lora_once(backend_for, kernels):
+    """SGLang's default makes two collectives (base output, shrink output); B is replicated, so
+    one of base + LoRA is the same sum."""
+    backend = backend_for(kernels)
+    slots = [1, 2]
+    backend.prepare_lora_batch(forward_batch("DECODE", 2), slots, RANKS, SCALINGS, False)
+    gen = torch.Generator().manual_seed(4)
+    x, weight = torch.randn(2, HIDDEN, generator=gen), torch.randn(16, HIDDEN, generator=gen)
+    reduced = []
+    out, _ = forward(backend, x, weight, all_reduce=lambda t: reduced.append(t.clone()) or t * 2)
+    assert len(reduced) == 1
+    torch.testing.assert_close(out.double(), 2 * reference(x, weight, slots), rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_graph_batch_maps_padded_rows_to_no_adapter(backend_for):
+    """Graph batches bind the persistent token map; rows past the live batch get no LoRA."""
+    backend = backend_for("triton")
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
+    backend.prepare_lora_batch(forward_batch("DECODE", 2), [2, 1], RANKS, SCALINGS, True)
+    assert backend.dense_batch and backend.dense.token_slots.tolist() == [2, 1]
+    gen = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(4, HIDDEN, generator=gen), torch.randn(16, HIDDEN, generator=gen)
+    out, _ = forward(backend, x, weight)  # the graph's padded size
+    torch.testing.assert_close(out.double(), reference(x, weight, [2, 1, 0, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_the_embedding_and_lm_head_stay_on_the_per_op_tier(backend_for):
+    from sglang.srt.lora.dense.plan import DenseLoraKind
+
+    backend = backend_for("triton")
+    backend.prepare_lora_batch(forward_batch("DECODE", 1), [1], RANKS, SCALINGS, False)
+
+    class Stub:
+        calls = 0
+
+        def apply_lora(self, base_output, x):
+            Stub.calls += 1
+            return base_output + 1
+
+    base = torch.zeros(1, 4)
+    out = backend.forward_with_base(Stub(), torch.zeros(1, dtype=torch.long), lambda: base, None, None, None, (0, 4), kind=DenseLoraKind.EMBEDDING)
+    assert Stub.calls == 1 and out.tolist() == [[1.0] * 4]
+
+
+def test_the_built_line_names_the_dense_tier_and_its_plans(backend_for, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sglang_xpu_lora.backend.xpu"):
+        backend_for("triton")
+    assert "dense tier (SGLang's triton_v2 kernels, plans from" in caplog.text
+    assert "SGLang's default" in caplog.text
