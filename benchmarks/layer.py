@@ -47,6 +47,7 @@ LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-Lo
     python -m benchmarks.layer --device xpu             # an Intel GPU (the kit runs it)
     python -m benchmarks.layer --quick                  # CPU smoke run: tiny layer, torch paths
     python -m benchmarks.layer --plot-only benchmarks/results/layer-cuda.json
+    python -m benchmarks.layer --device cuda --best-of run1/layer-cuda.json run2/layer-cuda.json run3/layer-cuda.json
 
 Writes ``layer-<device>[-quick].{json,md,png}`` (and ``.partial.jsonl`` as points finish) under
 ``--out`` (default ``benchmarks/results``).
@@ -509,6 +510,36 @@ def run(args) -> list[dict]:
     return rows
 
 
+def best_of_runs(runs: list[dict]) -> list[dict]:
+    """Rows of several runs of the same grid (their JSON results) merged point by point: per path
+    the fastest run's ``_us`` and ``_spread``, its ``_error`` the largest of the runs, and
+    ``_runs_spread`` (slowest - fastest run) / fastest; a path that failed in any run keeps that
+    failure. Ratios are recomputed from the merged times (:func:`summarise`)."""
+    key = lambda r: (r["model"], r["mode"], r["max_rank"], r["rank"], r["adapters"], r["tokens"])  # noqa: E731
+    merged: dict[tuple, dict] = {}
+    for run_rows in runs:
+        for row in run_rows["rows"]:
+            merged.setdefault(key(row), []).append(row)
+    rows = []
+    for point_rows in merged.values():
+        first = point_rows[0]
+        row = {k: first[k] for k in ("model", "mode", "max_rank", "rank", "adapters", "tokens")}
+        for p in PATHS:
+            failed = [r[f"{p}_failed"] for r in point_rows if f"{p}_failed" in r]
+            timed = [r for r in point_rows if f"{p}_us" in r]
+            if failed:
+                row[f"{p}_failed"] = failed[0]
+            if timed:
+                best = min(timed, key=lambda r: r[f"{p}_us"])
+                times = [r[f"{p}_us"] for r in timed]
+                row[f"{p}_us"], row[f"{p}_spread"] = best[f"{p}_us"], best[f"{p}_spread"]
+                row[f"{p}_error"] = max(r[f"{p}_error"] for r in timed)
+                row[f"{p}_runs_spread"] = (max(times) - min(times)) / min(times)
+        summarise(row, list(PATHS))
+        rows.append(row)
+    return rows
+
+
 def providers(server: Server) -> dict:
     """What each ``intel_xpu`` path's selection runs per op, eager / graph."""
     out = {}
@@ -673,12 +704,23 @@ def main(argv: Optional[list[str]] = None) -> None:
         help="start no point after this long (the rows so far are written)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--best-of", nargs="+", metavar="RUN_JSON",
+                        help="merge runs of one grid (their layer-<device>.json) into layer-<device>.json, best run per point and path")
     parser.add_argument(
         "--plot-only", type=Path, help="redraw the plot of an existing results JSON"
     )
     args = parser.parse_args(argv)
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
+        return
+    if args.best_of:
+        runs = [json.loads(Path(f).read_text()) for f in args.best_of]
+        rows = best_of_runs(runs)
+        name = f"layer-{args.device}"
+        extra = {k: v for k, v in runs[0].items() if k != "rows"}  # the GPU machine of the runs
+        extra["runs"] = [r.get("machine", {}).get("date") for r in runs]
+        write(name, rows, COLUMNS, args.out, extra=extra)
+        plot(rows, Path(args.out) / f"{name}.png")
         return
     for key, full, quick in (
         ("calls", 40, 3),

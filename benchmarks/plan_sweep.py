@@ -23,6 +23,10 @@ per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x groupe
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
     python -m benchmarks.plan_sweep --device xpu --out my.plans.json    # an Intel GPU (examples/xpu/measure.sh)
     python -m benchmarks.plan_sweep --quick                             # CPU smoke run (interpreter)
+    bash benchmarks/run_plan_sweep_gpu.sh                               # on the H200: compile in parallel, then time
+
+Triton compiles each kernel specialisation once (seconds each; hundreds here): ``--compile-only
+--shard i/n`` runs fill its cache from several processes first, without timing anything.
 
 Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
 candidate to ``plan-sweep-<device>[-quick].json`` under ``--results``.
@@ -142,6 +146,9 @@ def sweep_point(case: Case, name: str, phase: str, args) -> dict:
             if not error <= args.tolerance:
                 results.append(dict(label=label, spec=spec, failed=f"output error {error:.3g}"))
                 continue
+            if args.compile_only:
+                results.append(dict(label=label, spec=spec, error=error))
+                continue
             if graph:
                 g, _ = capture(forward, device)
                 seconds, spread = replay_time(g.replay, device, calls=args.calls, rounds=args.rounds)
@@ -204,6 +211,9 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=None, help="relative to float64 (bf16: 2e-2, fp32: 1e-4)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="run and check each candidate once, no timing (fills Triton's cache; run shards of it in parallel)")
+    parser.add_argument("--shard", default="0/1", help="i/n: only every n-th point from the i-th (parallel compile runs)")
     parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting points after this")
     parser.add_argument("--out", help="the plan table to write (default: the shipped table of the device family)")
     parser.add_argument("--results", default=str(RESULTS))
@@ -221,7 +231,8 @@ def main(argv=None) -> None:
     from sglang_xpu_lora.dense.plans import CONFIG_DIR, device_family
 
     started, points, case = time.perf_counter(), [], None
-    todo = grid(args)
+    shard, shards = (int(v) for v in args.shard.split("/"))
+    todo = grid(args)[shard::shards]
     for index, (model, name, rank, tokens, phase) in enumerate(todo):
         if time.perf_counter() - started > args.budget_seconds:
             print(f"budget spent: {len(todo) - index} points not run", flush=True)
@@ -234,15 +245,23 @@ def main(argv=None) -> None:
         print(f"{phase} {model.name} {name} rank {rank} tokens {tokens}: best {entry['best']} "
               f"({min((c['us'] for c in entry['candidates'] if 'us' in c), default=float('nan')):.1f} us; "
               f"{sum('failed' in c for c in entry['candidates'])} failed)", flush=True)
+    if args.compile_only:
+        print(f"compiled and checked {sum(len(p['candidates']) for p in points)} candidates", flush=True)
+        return
     suffix = "-quick" if args.quick else ""
     results = Path(args.results) / f"plan-sweep-{device.type}{suffix}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(dict(machine=machine(), args={k: v for k, v in vars(args).items() if k != "models"}, points=points), indent=1, default=str))
     out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"
     if args.quick and not args.out:
         out = Path(args.results) / "plan-sweep-quick.plans.json"
-    out.write_text(json.dumps({"rows": table_rows(points)}, indent=1) + "\n")
-    print(f"wrote {out} ({len(table_rows(points))} rows) and {results}")
+    rows = table_rows(points)
+    out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    for entry in points:  # the winners' specs are in the table: the results keep labels and figures
+        for candidate in entry["candidates"]:
+            candidate.pop("spec")
+    results.write_text(json.dumps(dict(machine=machine(), args={k: v for k, v in vars(args).items() if k != "models"}, points=points),
+                                  separators=(",", ":"), default=str))
+    print(f"wrote {out} ({len(rows)} rows) and {results}")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,15 @@ class Layer:
 
 @pytest.fixture
 def backend_for(monkeypatch, sglang_plugins_loaded):
-    from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
+    """``make(kernels, eager_dense_min_tokens=1)``: the backend with ``SGLANG_XPU_LORA_KERNELS=kernels``;
+    eager batches from ``eager_dense_min_tokens`` tokens on run the dense tier (the tests' small
+    batches, unless a test asks for the shipped threshold)."""
+    from sglang_xpu_lora.backend import xpu
 
-    def make(kernels):
+    def make(kernels, eager_dense_min_tokens=1):
         monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
-        return IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+        monkeypatch.setattr(xpu, "EAGER_DENSE_MIN_TOKENS", eager_dense_min_tokens)
+        return xpu.IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
 
     return make
 
@@ -102,6 +106,21 @@ def test_a_decode_graph_batch_maps_padded_rows_to_no_adapter(backend_for):
     x, weight = torch.randn(4, HIDDEN, generator=gen), torch.randn(16, HIDDEN, generator=gen)
     out, _ = forward(backend, x, weight)  # the graph's padded size
     torch.testing.assert_close(out.double(), reference(x, weight, [2, 1, 0, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_small_eager_batches_run_per_op_and_graph_batches_dense(backend_for):
+    """Outside graphs the dense tier takes batches from EAGER_DENSE_MIN_TOKENS tokens on (smaller
+    ones launch from less Python on the per-op tier); inside graphs it takes every batch."""
+    from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
+
+    backend = backend_for("triton", eager_dense_min_tokens=EAGER_DENSE_MIN_TOKENS)
+    backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[5, 3]), [1, 2], RANKS, SCALINGS, False)
+    assert not backend.dense_batch
+    backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[EAGER_DENSE_MIN_TOKENS - 1, 1]), [1, 2], RANKS, SCALINGS, False)
+    assert backend.dense_batch
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
+    backend.prepare_lora_batch(forward_batch("DECODE", 2), [2, 1], RANKS, SCALINGS, True)
+    assert backend.dense_batch
 
 
 def test_the_embedding_and_lm_head_stay_on_the_per_op_tier(backend_for):

@@ -81,6 +81,10 @@ from sglang_xpu_lora.providers.batch_binding import batch_arguments
 
 logger = logging.getLogger(__name__)
 
+#: Outside graphs, batches of at least this many tokens run their linears on the dense tier; smaller
+#: ones on the per-op tier (:meth:`IntelXpuLoRABackend.dense_serves`).
+EAGER_DENSE_MIN_TOKENS = 4096
+
 
 class IntelXpuLoRABackend(TritonLoRABackend):
     """Multi-LoRA backend for Intel XPU: sgl-kernel-xpu ops, SGLang's Triton kernels where those are
@@ -260,7 +264,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._int32_lora_ranks()
         graph = use_cuda_graph or use_prefill_cuda_graph
         self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule, build_now=graph)
-        self.dense_batch = self.dense_serves(graph)
+        self.dense_batch = self.dense_serves(graph, self.batch_info.expected_tokens)
         if self.dense_batch:
             info = self.batch_info
             self.dense.begin_lora_batch(
@@ -278,11 +282,17 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         (``use_graph`` False) or inside graphs: the dense tier's place."""
         return self.op_selection.choices_for(use_graph)["sgemm_lora_a_fwd"].provider is triton_ops.PROVIDER
 
-    def dense_serves(self, use_graph: bool) -> bool:
-        """Whether the linears of a batch outside (``use_graph`` False) or inside graphs run on the
-        dense tier: where the selection would run SGLang's Triton kernels (:meth:`dense_serves_choice`);
-        the native and portable ops stay per op."""
-        return self.dense is not None and self.dense_serves_choice(use_graph)
+    def dense_serves(self, use_graph: bool, tokens: int) -> bool:
+        """Whether the linears of a batch of ``tokens`` rows outside (``use_graph`` False) or inside
+        graphs run on the dense tier: where the selection would run SGLang's Triton kernels
+        (:meth:`dense_serves_choice`; the native and portable ops stay per op), inside graphs always,
+        outside them from :data:`EAGER_DENSE_MIN_TOKENS` rows on (below it the per-op Triton kernels
+        launch from less Python: on an H200 the dense tier took 2.0-2.2x their layer time at 512
+        prefill tokens and 2.6-3.4x in eager decode, and 0.54-0.95x at 8192 tokens;
+        ``benchmarks/results/layer-cuda.json``, docs/performance.md)."""
+        if self.dense is None or not self.dense_serves_choice(use_graph):
+            return False
+        return use_graph or tokens >= EAGER_DENSE_MIN_TOKENS
 
     def reset_routing_cache(self) -> None:
         """SGLang's per-forward route reset (before every graph warm-up and capture forward), for the

@@ -119,7 +119,7 @@ class DeviceLoraWorkspace(LoraWorkspace):
             self._side_streams[device] = stream
         return stream
 
-    def _events(self, device: torch.device, name: str):
+    def _fork_join_events(self, device: torch.device, name: str):
         events = self._fork_events.get((device, name))
         if events is None:
             gpu = getattr(torch, device.type)
@@ -137,7 +137,7 @@ class DeviceLoraWorkspace(LoraWorkspace):
         gpu = getattr(torch, device.type)
         current = gpu.current_stream(device)
         side_stream = self._side_stream(device, current)
-        ready, done = self._events(device, name)
+        ready, done = self._fork_join_events(device, name)
         ready.record(current)
         side_stream.wait_event(ready)
         with gpu.stream(side_stream):

@@ -1,0 +1,1 @@
+"""Stand-in for ``sglang.kernels.jit``: only the package, for :mod:`.utils`."""
