@@ -114,6 +114,7 @@ def sweep_point(case: Case, name: str, phase: str, args) -> dict:
 
     from sglang_xpu_lora.dense.plans import PlanRow, PlanTable
     from sglang_xpu_lora.dense.runner import DeviceDenseRunner
+    from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
 
     model, pool_rank, tokens, device, dtype = case.model, case.rank, case.tokens, case.device, case.inputs[name].dtype
     a, b, outs = case.weights[name]
@@ -128,9 +129,8 @@ def sweep_point(case: Case, name: str, phase: str, args) -> dict:
     results = []
     for spec in candidates(phase, args.quick):
         label = spec_label(spec)
-        runner = DeviceDenseRunner(
-            max_loras=MAX_LORAS, device=device, plans=PlanTable(device, "default", rows=[PlanRow({"name": label, "spec": spec})])
-        )
+        runner = DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=MAX_LORAS, device=device)
+        runner.plans = PlanTable(device, "default", rows=[PlanRow({"name": label, "spec": spec})])
         if graph:
             runner.allocate_graph_token_slots(tokens, prefill=False)
         runner.begin_lora_batch(request_view(case), requests=len(case.request_lens), num_tokens=tokens,

@@ -91,7 +91,8 @@ RECEIVERS = {
         "manager.lora_registry": targets.LORA_REGISTRY,
     },
     "patches/cli_choices.py": {"arg": targets.SERVER_ARGS_FIELD_ARG},
-    "backend/xpu.py": {"info": targets.LORA_BATCH_INFO},
+    # info: a batch info; layer: SGLang's LoRA layer handed to the backend's forward_with_base.
+    "backend/xpu.py": {"info": targets.LORA_BATCH_INFO, "layer": targets.COLUMN_PARALLEL_LINEAR_WITH_LORA},
     "backend/batch_routes.py": {"info": targets.LORA_BATCH_INFO, "self.info": targets.LORA_BATCH_INFO},
     "backend/outside_lora_math.py": {"m": MODEL},
     "adapters/tensor_checks.py": {

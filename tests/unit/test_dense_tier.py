@@ -103,9 +103,12 @@ def batch_info(requests):
 def runner_for(plan_name, rows=None):
     from sglang_xpu_lora.dense.plans import PlanRow, PlanTable
     from sglang_xpu_lora.dense.runner import DeviceDenseRunner
+    from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
 
     plan_rows = [PlanRow({"name": plan_name, "spec": spec(plan_name)})] if rows is None else rows
-    return DeviceDenseRunner(max_loras=SLOTS, device=torch.device("cpu"), plans=PlanTable(torch.device("cpu"), "default", rows=plan_rows))
+    runner = DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=SLOTS, device=torch.device("cpu"))
+    runner.plans = PlanTable(torch.device("cpu"), "default", rows=plan_rows)
+    return runner
 
 
 def run_linear(runner, requests, slices, dtype, *, phase="prefill", all_reduce=None, seed=1):

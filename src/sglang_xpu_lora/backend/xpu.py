@@ -73,7 +73,7 @@ from sglang_xpu_lora.backend.module_ops import gate_up_projection, stacked_proje
 from sglang_xpu_lora.backend.outside_lora_math import outside_lora_math
 from sglang_xpu_lora.backend.route_table import RouteTable
 from sglang_xpu_lora.dense.runner import DeviceDenseRunner
-from sglang_xpu_lora.dense.workspace import fork_join_captures
+from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace, fork_join_captures
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
 from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
@@ -136,9 +136,11 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: :meth:`forward_with_base`, for the linears of batches whose shrink the selection gives to
         #: SGLang's Triton kernels (:meth:`dense_serves`); None where Triton does not run.
         self.dense = (
-            DeviceDenseRunner(max_loras=max_loras_per_batch, device=self.device, overlap_in_graphs=torch.device(self.device).type == "cuda")
+            DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=max_loras_per_batch, device=self.device)
             if self._triton_selected() else None
         )
+        if self.dense is not None:  # off CUDA decided by a trial capture at graph set-up
+            self.dense.workspace.overlap_in_graphs = torch.device(self.device).type == "cuda"
         #: Whether the current batch's linears run on the dense tier (set per batch).
         self.dense_batch = False
         logger.info("%s", built_line(self.name, device, self.op_selection, self.dense))

@@ -81,7 +81,7 @@ class SliceGeometries:
     because captured graphs read their tables."""
 
     def __init__(self) -> None:
-        self._built: dict[tuple, SliceGeometry] = {}
+        self._built: dict = {}
 
     def get(self, offsets: tuple, block_size_n: int, device: torch.device) -> SliceGeometry:
         """The geometry of ``offsets`` at ``block_size_n`` on ``device`` (built on first use,

@@ -163,8 +163,8 @@ class PlanTable:
         self.sources.append(f"SGLang's {architecture}")
         self.rows = rows
         self._bounds = sorted({row.max_tokens for row in rows if row.max_tokens is not None})
-        self._own: dict[tuple, Optional[DensePlan]] = {}
-        self._sglang: dict[int, DensePlanTable] = {}
+        self._own: dict = {}  # (kind, phase, token bucket, rank, K, N) -> own plan or None
+        self._sglang: dict = {}  # pool rank -> SGLang's DensePlanTable
 
     def plan_for(self, kind: DenseLoraKind, phase: Phase, tokens: int, max_rank: int, in_features: int, out_features: int) -> DensePlan:
         """The plan of one call: ``tokens`` rows of input, pool rank ``max_rank``, shrink input

@@ -32,7 +32,7 @@ from sglang.kernels.ops.lora.common.routing import build_route
 from sglang.srt.lora.backend.base_backend import _compute_token_lora_mapping
 from sglang.srt.lora.dense.plan import BFamily, DensePlan
 from sglang.srt.lora.dense.runner import Bridge, DenseLoraRunner
-from sglang.srt.lora.utils import Phase
+from sglang.srt.lora.utils import LoRABatchInfo, Phase
 
 from sglang_xpu_lora.dense.geometry import SliceGeometries
 from sglang_xpu_lora.dense.plans import PlanTable
@@ -44,28 +44,23 @@ SMALL_ROUTE_ROWS = 512
 
 
 class DeviceDenseRunner(DenseLoraRunner):
-    """SGLang's ``DenseLoraRunner`` on any device (module docstring).
+    """SGLang's ``DenseLoraRunner`` on any device (module docstring), built as SGLang builds its own:
+    ``DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=slots, device=device)``.
 
-    Args:
-        max_loras: adapter slots of the pool (``--max-loras-per-batch``).
-        device: the serving device.
-        plans: the plan source; None: :class:`PlanTable` for ``device`` (reads
-            ``SGLANG_XPU_LORA_PLANS`` and the shipped tables).
-        overlap_in_graphs: whether the base-GEMM overlap forks inside graphs
-            (:func:`~sglang_xpu_lora.dense.workspace.fork_join_captures`).
+    :attr:`plans` is the plan source, by default :class:`PlanTable` for ``device`` (reads
+    ``SGLANG_XPU_LORA_PLANS`` and the shipped tables); tests and the plan sweep replace it.
 
     Raises:
         ValueError: a bad plan table (:func:`~sglang_xpu_lora.dense.plans.read_rows`).
     """
 
-    def __init__(self, *, max_loras: int, device: torch.device, plans: PlanTable | None = None, overlap_in_graphs: bool = True):
-        super().__init__(DeviceLoraWorkspace(overlap_in_graphs=overlap_in_graphs), max_loras=max_loras, device=torch.device(device))
-        self.device = torch.device(device)
-        self.plans = plans if plans is not None else PlanTable(self.device, self.architecture)
+    def __init__(self, workspace: DeviceLoraWorkspace, *, max_loras: int, device: torch.device, architecture=None):
+        device = torch.device(device)
+        super().__init__(workspace, max_loras=max_loras, device=device, architecture=architecture)
+        self.device = device
+        self.plans = PlanTable(device, self.architecture)
         self.geometries = SliceGeometries()
-        self._graph_token_slots: dict[bool, torch.Tensor] = {}
-
-    # --- per batch -----------------------------------------------------------------------------
+        self._graph_token_slots: dict = {}
 
     def allocate_graph_token_slots(self, tokens: int, *, prefill: bool) -> None:
         """Allocate the persistent token-to-slot buffer of the decode (``prefill`` False) or prefill
@@ -74,7 +69,7 @@ class DeviceDenseRunner(DenseLoraRunner):
         if buffer is None or buffer.numel() < tokens:
             self._graph_token_slots[prefill] = torch.full((tokens,), -1, dtype=torch.int32, device=self.device)
 
-    def begin_lora_batch(self, info, *, requests: int, num_tokens: int, phase: Phase, graph: bool, prefill_graph: bool = False) -> None:
+    def begin_lora_batch(self, info: LoRABatchInfo, *, requests: int, num_tokens: int, phase: Phase, graph: bool, prefill_graph: bool = False) -> None:
         """Bind one batch: ``info`` is SGLang's request view (``LoRABatchInfo``: ``seg_indptr``
         ``[requests + 1]`` int32 token offsets per request, ``weight_indices`` ``[requests]`` slot
         per request, ``lora_ranks`` ``[max_loras]`` int32, ``scalings`` ``[max_loras]`` float32,
@@ -123,12 +118,13 @@ class DeviceDenseRunner(DenseLoraRunner):
         )
 
     def run_b(
-        self, bridge: Bridge, b: torch.Tensor, out: torch.Tensor, *, offsets: tuple, plan: DensePlan,
+        self, bridge: Bridge, b: torch.Tensor, out: torch.Tensor, *, offsets: tuple, plan,
         add_inplace: bool = True, lora_ranks=None, scalings=None, bridge_slices: int = 0,
     ) -> torch.Tensor:
         """SGLang's expand (``DenseLoraRunner.run_b``) with the geometry built on ``b``'s device.
 
-        ``bridge``: the shrink's output; ``b``: ``(slots, offsets[-1], max_rank)``; ``out``:
+        ``bridge``: the shrink's output; ``plan``: SGLang's ``DensePlan`` (its expand family, tiles
+        and route block); ``b``: ``(slots, offsets[-1], max_rank)``; ``out``:
         ``(tokens, >= offsets[-1])``, added into in place (``add_inplace``) or overwritten on the
         LoRA rows. Returns ``out``.
         """

@@ -47,7 +47,7 @@ def fork_join_captures(device: torch.device) -> bool:
     graph_class = getattr(gpu, "CUDAGraph" if device.type == "cuda" else "XPUGraph", None)
     if graph_class is None:
         return False
-    workspace = DeviceLoraWorkspace(overlap_in_graphs=True)
+    workspace = DeviceLoraWorkspace()
     x = torch.arange(8, dtype=torch.float32, device=device)
     side_out = torch.zeros_like(x)
 
@@ -77,15 +77,14 @@ def fork_join_captures(device: torch.device) -> bool:
 class DeviceLoraWorkspace(LoraWorkspace):
     """SGLang's ``LoraWorkspace`` on any device (module docstring).
 
-    Args:
-        overlap_in_graphs: whether :meth:`run_parallel` forks onto a side stream while a graph is
-            being captured (:func:`fork_join_captures` decides it per device at graph set-up);
-            outside graphs it forks on every device with streams.
+    :attr:`overlap_in_graphs` (default True): whether :meth:`run_parallel` forks onto a side stream
+    while a graph is being captured (:func:`fork_join_captures` decides it per device at graph
+    set-up); outside graphs it forks on every device with streams.
     """
 
-    def __init__(self, *, overlap_in_graphs: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.overlap_in_graphs = overlap_in_graphs
+        self.overlap_in_graphs = True
         self._side_streams: dict = {}
         self._fork_events: dict = {}
 

@@ -109,6 +109,26 @@ PREFILL_GRAPH_RUNNER_INIT = (
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.__init__"
 )
 
+# The dense tier (dense/): SGLang's triton_v2 runner, plans, workspace and kernels, run on any device.
+DENSE_RUNNER = "sglang.srt.lora.dense.runner.DenseLoraRunner"
+DENSE_BRIDGE = "sglang.srt.lora.dense.runner.Bridge"
+DENSE_PLAN = "sglang.srt.lora.dense.plan.DensePlan"
+DENSE_PLAN_TABLE = "sglang.srt.lora.dense.plan.DensePlanTable"
+DENSE_A_FAMILY = "sglang.srt.lora.dense.plan.AFamily"
+DENSE_B_FAMILY = "sglang.srt.lora.dense.plan.BFamily"
+DENSE_OVERLAP = "sglang.srt.lora.dense.plan.Overlap"
+DENSE_LORA_KIND = "sglang.srt.lora.dense.plan.DenseLoraKind"
+LORA_PHASE = "sglang.srt.lora.utils.Phase"
+LORA_WORKSPACE = "sglang.srt.lora.workspace.LoraWorkspace"
+COMPUTE_TOKEN_LORA_MAPPING = "sglang.srt.lora.backend.base_backend._compute_token_lora_mapping"
+_COMMON_OPS = "sglang.kernels.ops.lora.common."
+SLICE_GEOMETRY = _COMMON_OPS + "lora_b.SliceGeometry"
+GROUPED_LORA_B = _COMMON_OPS + "lora_b.grouped_lora_b"
+PER_ROW_LORA_B = _COMMON_OPS + "lora_b.per_row_lora_b"
+BUILD_ROUTE = _COMMON_OPS + "routing.build_route"
+ROUTE_VIEW = _COMMON_OPS + "route_view.RouteView"
+ROUTE_VIEW_KIND = _COMMON_OPS + "route_view.RouteViewKind"
+
 # Plugin machinery.
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
 HOOK_TYPE = "sglang.srt.plugins.hook_registry.HookType"
@@ -125,6 +145,9 @@ LORA_CONFIG = "sglang.srt.lora.lora_config.LoRAConfig"
 LORA_REF = "sglang.srt.lora.lora_registry.LoRARef"
 LORA_UPDATE_OUTPUT = "sglang.srt.managers.io_struct.LoRAUpdateOutput"
 BASE_LAYER_WITH_LORA = "sglang.srt.lora.layers.BaseLayerWithLoRA"
+# The layer forward_with_base receives (every LoRA layer class defines apply_lora; this one's subclasses
+# are the q/k/v and gate/up layers).
+COLUMN_PARALLEL_LINEAR_WITH_LORA = "sglang.srt.lora.layers.ColumnParallelLinearWithLoRA"
 LINEAR_BASE = "sglang.srt.layers.linear.LinearBase"
 QKV_PARALLEL_LINEAR = "sglang.srt.layers.linear.QKVParallelLinear"
 MERGED_COLUMN_PARALLEL_LINEAR = "sglang.srt.layers.linear.MergedColumnParallelLinear"
@@ -172,6 +195,34 @@ REQUIRED_PARAMETERS = {
     ),
     TRITON_BACKEND + ".run_gate_up_lora": ("x", "gate_up_lora_a", "gate_up_lora_b", "base_output"),
     TRITON_BACKEND + ".get_batch_info": ("layout",),
+    TRITON_BACKEND + ".forward_with_base": (
+        "layer", "x", "base_fn", "lora_a", "lora_b", "output_offset", "offsets", "all_reduce", "kind", "pruned_batch_info"
+    ),
+    # The dense tier: what it calls by name and the runner and workspace methods it overrides.
+    COMPUTE_TOKEN_LORA_MAPPING: ("num_tokens", "seg_indptr", "lora_ranks", "weight_indices", "token_lora_mapping",
+                                 "max_len", "bucket_len"),
+    DENSE_RUNNER + ".__init__": ("workspace", "max_loras", "device", "architecture"),
+    DENSE_RUNNER + ".begin_batch": ("token_slots", "lora_ranks", "scalings", "num_tokens", "phase", "graph_mode",
+                                    "is_prefill_graph"),
+    DENSE_RUNNER + ".plan_for": ("kind", "max_rank", "in_features", "out_features", "num_tokens"),
+    DENSE_RUNNER + "._build_route": ("key",),
+    DENSE_RUNNER + ".run_b": ("bridge", "b", "out", "offsets", "plan", "add_inplace", "lora_ranks", "scalings",
+                              "bridge_slices"),
+    DENSE_RUNNER + ".apply": ("x", "base_fn", "plan", "a", "b", "offsets", "all_reduce"),
+    DENSE_PLAN_TABLE: ("architecture", "max_rank"),
+    DENSE_PLAN_TABLE + ".plan_for": ("kind", "phase", "num_tokens", "in_features", "out_features"),
+    DENSE_PLAN: ("a_family", "b_family", "overlap", "block_size", "a_tiles", "b_tiles"),
+    LORA_WORKSPACE + "._capturing": ("device",),
+    LORA_WORKSPACE + "._caller": ("device",),
+    LORA_WORKSPACE + ".route": ("mapping", "key", "build"),
+    LORA_WORKSPACE + ".run_parallel": ("name", "device", "compute", "side"),
+    BUILD_ROUTE: ("token_slots", "max_loras", "block_size", "view", "workspace", "tensor_prefix", "capacity"),
+    GROUPED_LORA_B: ("geometry", "config", "add_inplace", "zero_sentinel", "lora_ranks", "scalings", "planes",
+                     "bridge_slices"),
+    PER_ROW_LORA_B: ("geometry", "config", "add_inplace", "zero_sentinel", "lora_ranks", "scalings", "planes",
+                     "slot_planes", "bridge_slices"),
+    SLICE_GEOMETRY: ("slice_offsets", "out_offsets", "num_slices", "num_column_tiles", "uniform_width", "out_stride",
+                     "full_tiles", "block_size_n"),
 }
 
 #: Per class: the attributes the plugin reads, sets, inherits or overrides on it (a class attribute,
@@ -206,7 +257,7 @@ REQUIRED_ATTRIBUTES = {
     EMBEDDING_REQ_INPUT: ("lora_path", "lora_id", "is_single", "batch_size"),
     LORA_BATCH_INFO: (
         "use_cuda_graph", "bs", "num_segments", "seg_indptr", "seg_lens", "weight_indices", "lora_ranks", "scalings",
-        "max_len", "permutation",
+        "max_len", "permutation", "expected_tokens",
     ),
     LORA_BATCH_LAYOUT: ("DP_LOCAL",),
     # Inherited state and methods IntelXpuLoRABackend reads, and what it overrides (the
@@ -218,10 +269,24 @@ REQUIRED_ATTRIBUTES = {
         "prefill_cuda_graph_max_tokens", "get_batch_info", "_sgemm_info", "validate_lora_targets",
         "prepare_lora_batch", "prepare_lora_token_segments", "init_decode_cuda_graph_batch_info",
         "init_prefill_cuda_graph_batch_info", "run_lora_a_embedding", "run_lora_a_sgemm", "run_lora_b_sgemm",
-        "run_qkv_lora", "run_gate_up_lora", "skip_inactive_dense_lora",
+        "run_qkv_lora", "run_gate_up_lora", "skip_inactive_dense_lora", "forward_with_base", "reset_routing_cache",
+        "reset_batch_state",
     ),
+    # The dense tier's reads of SGLang's runner, plans and workspace (dense/).
+    DENSE_RUNNER: (
+        "workspace", "max_loras", "architecture", "phase", "token_slots", "lora_ranks", "scalings", "begin_batch",
+        "set_num_tokens", "plan_for", "route", "raw_route", "_build_route", "run_b", "apply", "reset_routes",
+    ),
+    DENSE_BRIDGE: ("tensor", "planes", "slot_planes"),
+    DENSE_PLAN: ("a_family", "b_family", "b_tiles", "block_size"),
+    DENSE_B_FAMILY: ("GROUPED",),
+    DENSE_LORA_KIND: ("LINEAR",),
+    LORA_PHASE: ("PREFILL", "DECODE"),
+    ROUTE_VIEW_KIND: ("ALIGNED",),
+    LORA_WORKSPACE: ("routes", "_graph_mode", "_is_prefill_graph", "_capturing", "_caller", "route", "run_parallel"),
     # Layers whose sizes the adapter checks read (adapters/tensor_checks.py).
     BASE_LAYER_WITH_LORA: ("base_layer",),
+    COLUMN_PARALLEL_LINEAR_WITH_LORA: ("apply_lora",),
     VOCAB_PARALLEL_EMBEDDING_WITH_LORA: ("base_layer", "lora_backend"),
     VOCAB_PARALLEL_EMBEDDING: ("org_vocab_size", "embedding_dim"),
     QKV_PARALLEL_LINEAR: ("total_num_heads", "total_num_kv_heads", "head_size", "v_head_size", "hidden_size"),
