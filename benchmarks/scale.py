@@ -12,10 +12,11 @@ with C in flight. Recorded per (backend, K, C):
   request's latency (send to last event), in seconds;
 * tokens per second: N x new tokens over the wall time of the N requests;
 * the time of each ``/load_lora_adapter`` (median and max, ms, of the loads that took K to its
-  value) and the server's resident memory per adapter (all its processes, ``/proc``; MiB per
-  adapter loaded since the server was healthy with one; on a GPU also the device memory per
-  adapter, from the device's free memory, which stays flat: SGLang keeps adapters in host memory
-  and copies them into the slots it allocated at start);
+  value) and the server's resident memory per adapter (all its processes, ``/proc``: the growth
+  across the loads alone, not the workloads between them, over the adapters loaded after the
+  first; on a GPU also the device memory per adapter, from the device's free memory, which should
+  stay flat: SGLang keeps adapters in host memory and copies them into the slots it allocated at
+  start);
 * a sample of the requests' greedy tokens (``--check`` per backend, across the runs) against
   transformers + PEFT in float32 (``sglang_cpu_devsupport.serving.hf_reference``): ``exact`` counts
   the equal ones.
@@ -195,10 +196,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
     with serving.running_server(argv, port, env, log) as server:
         warm = [1] * args.prompt_len
         serving.post_json(f"{url}/generate", {"input_ids": warm, "lora_path": first, "sampling_params": {"max_new_tokens": 2}})
-        rss_one, free_one = serving.process_group_rss(server.pid), device_free_bytes(args.device)
-        loaded = 1
+        loaded, rss_growth, device_growth = 1, 0, 0
         for k in sorted(args.adapters):
             load_ms = []
+            rss_before, free_before = serving.process_group_rss(server.pid), device_free_bytes(args.device)
             for index in range(loaded, k):
                 name = adapter_name(index)
                 begin = time.perf_counter()
@@ -206,8 +207,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                 load_ms.append((time.perf_counter() - begin) * 1e3)
             loaded = max(loaded, k)
             extra = loaded - 1
-            rss = serving.process_group_rss(server.pid)
+            rss_growth += serving.process_group_rss(server.pid) - rss_before  # the loads', not the workloads'
             free = device_free_bytes(args.device)
+            if free is not None:
+                device_growth += free_before - free
             for c in args.in_flight:
                 timings = run_workload(url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c)
                 samples += [(backend, k, c, *sample) for sample in timings.pop("samples")]
@@ -216,10 +219,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                     "requests": args.requests, **timings,
                     "load_ms_median": statistics.median(load_ms) if load_ms else None,
                     "load_ms_max": max(load_ms) if load_ms else None,
-                    "rss_mib_per_adapter": (rss - rss_one) / extra / 2**20 if extra else None,
+                    "rss_mib_per_adapter": rss_growth / extra / 2**20 if extra else None,
                 }
                 if free is not None:
-                    row["device_mib_per_adapter"] = (free_one - free) / extra / 2**20 if extra else None
+                    row["device_mib_per_adapter"] = device_growth / extra / 2**20 if extra else None
                 rows.append(row)
                 print({key: value for key, value in row.items()}, flush=True)
     # The sample: spread over the runs, the same picks for every backend (same seeds, same order).
