@@ -213,7 +213,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                 device_growth += free_before - free
             for c in args.in_flight:
                 timings = run_workload(url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c)
-                samples += [(backend, k, c, *sample) for sample in timings.pop("samples")]
+                samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]
                 row = {
                     "backend": backend, "adapters": loaded, "slots": args.slots, "in_flight": c,
                     "requests": args.requests, **timings,
@@ -224,7 +224,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                 if free is not None:
                     row["device_mib_per_adapter"] = device_growth / extra / 2**20 if extra else None
                 rows.append(row)
-                print({key: value for key, value in row.items()}, flush=True)
+                print(row, flush=True)
     # The sample: spread over the runs, the same picks for every backend (same seeds, same order).
     picks = random.Random(7).sample(range(len(samples)), min(args.check, len(samples)))
     for pick in picks:

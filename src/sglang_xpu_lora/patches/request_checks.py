@@ -180,7 +180,8 @@ def refusal(manager: Any, names: Any) -> str:
     """The refusal of a request naming ``names`` (adapters that are not loaded): why, per name
     (:func:`sglang_xpu_lora.patches.unload_final.why_not_loaded`), then
     :func:`sglang_xpu_lora.patches.unload_final.loaded_count`."""
-    return f"{'; '.join(unload_final.why_not_loaded(manager, name) for name in names)}. {unload_final.loaded_count(manager)}"
+    reasons = "; ".join(unload_final.why_not_loaded(manager, name) for name in names)
+    return f"{reasons}. {unload_final.loaded_count(manager)}"
 
 
 def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
