@@ -6,7 +6,8 @@ and ``triton_v2`` on a CUDA GPU), one server is started with the first adapter a
 loaded through ``/load_lora_adapter``, up to each K in turn (the server stays up, so K grows). At
 each K, for each C, N streamed ``/generate`` requests (fresh random prompts, greedy, ``ignore_eos``,
 ``--new-tokens`` tokens each), spread over the K adapters (N distinct adapters at most), are sent
-with C in flight. Recorded per (backend, K, C):
+with C in flight, after one untimed round (the largest C, as many requests, over the first K's
+adapters) that leaves one-time costs out of the timings. Recorded per (backend, K, C):
 
 * time to first token (the first streamed event with a token), p50 and p95, and the slowest
   request's latency (send to last event), in seconds;
@@ -211,6 +212,9 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
             free = device_free_bytes(args.device)
             if free is not None:
                 device_growth += free_before - free
+            if k == min(args.adapters):  # warm-up, untimed: the largest C over the first K's adapters
+                busiest = max(args.in_flight)
+                run_workload(url, loaded, busiest, busiest, args.prompt_len, args.new_tokens, seed=0)
             for c in args.in_flight:
                 timings = run_workload(url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c)
                 samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]

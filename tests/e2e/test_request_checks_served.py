@@ -143,8 +143,10 @@ def test_http_malformed_requests_are_refused_and_the_next_is_served_exactly(
     server, server_log, tokenizer, tiny_artifacts, hf_reference
 ):
     """Each request of :func:`refusals` (after ``extra`` was loaded and unloaded) is a 400, or in a
-    ``/generate`` stream an error event, with its message; the server then serves a batch of two
-    adapters and the base model with two LoRA slots exactly, and its scheduler never failed."""
+    ``/generate`` stream an error event, with its message (no loaded adapter's name in a refusal
+    of an adapter that is not loaded; ``/v1/models``, where they point, lists them; an unload of a
+    name never loaded is refused the same way); the server then serves a batch of two adapters and
+    the base model with two LoRA slots exactly, and its scheduler never failed."""
     extra = {"lora_name": "extra", "lora_path": str(tiny_artifacts["qv-r4"])}
     assert post(f"{server}/load_lora_adapter", extra)[0] == 200
     assert post(f"{server}/unload_lora_adapter", {"lora_name": "extra"})[0] == 200
@@ -157,6 +159,14 @@ def test_http_malformed_requests_are_refused_and_the_next_is_served_exactly(
             assert status == 400 and message in body, (what, status, body[:500])
         if "LoRA adapter '" in message:  # refused as not loaded: no other tenant's name
             assert not any(name in body for name in TWO), (what, body[:500])
+    # The refusals' pointer: /v1/models lists the loaded adapters (after the base model).
+    with urllib.request.urlopen(f"{server}/v1/models", timeout=60) as response:
+        models = [card["id"] for card in json.loads(response.read())["data"]]
+    assert models[0] == "tiny-llama" and sorted(models[1:]) == sorted(TWO), models
+    # An unload of a name not loaded: SGLang's refusal listed every loaded adapter.
+    status, body = post(f"{server}/unload_lora_adapter", {"lora_name": "never"})
+    assert status == 400 and f"LoRA adapter 'never' has never been loaded: nothing to unload. {LOADED}" in body, body
+    assert not any(name in body for name in TWO), body
 
     batch = {
         "input_ids": [tokenizer.encode(prompt) for prompt, _ in MIXED],
