@@ -45,13 +45,14 @@ def test_e2e_cpu(tmp_path):
 
 
 @pytest.mark.e2e
-def test_scale(tmp_path):
+def test_scale(tmp_path, tiny_artifacts):
     """``benchmarks.scale --quick``: one server per backend (``intel_xpu``, ``torch_native``), 2 then
     3 adapters over 2 slots (every third adapter evicts one), 2 requests in flight. Every row is
     there with finite timings, each sampled output equals transformers + PEFT, and the loads and
-    the memory were measured (values not asserted: a smoke run). About 90 s on the shared 2-core
-    machine under a load of 3-4, most of it the two server start-ups."""
-    run_benchmark("scale", tmp_path, "--artifacts", str(tmp_path / "artifacts"))
+    the memory were measured (values not asserted: a smoke run). It builds its adapters next to the
+    session's tiny Llama (reused, not built again). About 90 s of CPU time, most of it the two server
+    start-ups (85-180 s wall on the shared 2-core machine under a load of 2-5)."""
+    run_benchmark("scale", tmp_path, "--artifacts", str(tiny_artifacts["base"].parent), "--log-dir", str(tmp_path))
     payload = json.loads((tmp_path / "scale-cpu-quick.json").read_text())
     rows = payload["rows"]
     assert [(r["backend"], r["adapters"], r["slots"], r["in_flight"], r["requests"]) for r in rows] == [
