@@ -35,6 +35,22 @@ class ModelShape:
             "down": (self.intermediate, (self.hidden,)),
         }
 
+    def lora_slot_bytes(self, rank: int, layers: int, dtype_bytes: int) -> int:
+        """Bytes of one adapter slot of SGLang's LoRA pool (``sglang/srt/lora/mem_pool.py``,
+        ``get_lora_A_shape`` / ``get_lora_B_shape``) when every linear module of ``layers`` decoder
+        layers of this shape is a target, at ``--max-lora-rank rank``, with elements of
+        ``dtype_bytes`` bytes (2 for bfloat16/float16, 4 for float32).
+
+        Per module and layer the pool holds, per slot, LoRA-A ``(stack * rank, in)`` (stack: 3 for
+        q/k/v, 2 for gate/up, else 1) and LoRA-B ``(out, rank)`` (out: the stacked outputs
+        together); every slot is sized for ``rank``, whatever the ranks of the adapters in it. The
+        pool holds ``--max-loras-per-batch`` such slots, allocated at start-up on the device. For a
+        shape sharded over tensor parallelism (per rank, as ``llama-3.3-70b-tp8``) it is one rank's
+        share. Embedding and lm_head LoRA (their own buffers) are not counted.
+        """
+        elements = sum(rank * len(outs) * in_dim + sum(outs) * rank for in_dim, outs in self.modules().values())
+        return elements * layers * dtype_bytes
+
 
 MODELS = {
     "llama-3.1-8b": ModelShape("llama-3.1-8b", hidden=4096, q=4096, kv=1024, intermediate=14336),

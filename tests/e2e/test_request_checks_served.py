@@ -8,7 +8,7 @@ is served with the extra entries dropped. With the plugin each is refused (HTTP 
 event in a ``/generate`` stream, a ``ValueError`` from ``Engine.generate`` / ``async_generate``)
 naming the field and the lengths, and the next good request is answered exactly as transformers +
 PEFT answer it. A request for an unloaded adapter says it was unloaded, a name never loaded says
-that.
+that, each with how many adapters are loaded and where to list them, not their names.
 
 Both run with ``--max-loras-per-batch 2`` and a batch of two adapters and the base model (three
 distinct entries): SGLang's scheduler serves it in turns, exactly (issue 27, item 5).
@@ -37,8 +37,9 @@ TWO = ["sql-r8", "doc-r16"]
 SINGLE_LIST = "lora_path is a list of 2 for a single prompt; expected an adapter name (a string)"
 N_SAMPLES = "lora_path has 2 entries for a batch of 1 prompt; expected 1"
 LORA_ID_ALONE = "lora_id is the adapter id SGLang sets from lora_path"
-#: The adapters loaded in the server, as its refusals list them.
-LOADED = "Loaded adapters: 'doc-r16', 'sql-r8'."
+#: How many adapters the server has loaded and where to list them, as its refusals of an adapter
+#: that is not loaded say it (never the loaded adapters' names: issue 31).
+LOADED = "Loaded adapters: 2 (GET /v1/models lists them)."
 MIXED = [(P0, "sql-r8"), (P1, "doc-r16"), (P2, None)]  # three distinct entries, two slots
 
 
@@ -142,8 +143,10 @@ def test_http_malformed_requests_are_refused_and_the_next_is_served_exactly(
     server, server_log, tokenizer, tiny_artifacts, hf_reference
 ):
     """Each request of :func:`refusals` (after ``extra`` was loaded and unloaded) is a 400, or in a
-    ``/generate`` stream an error event, with its message; the server then serves a batch of two
-    adapters and the base model with two LoRA slots exactly, and its scheduler never failed."""
+    ``/generate`` stream an error event, with its message (no loaded adapter's name in a refusal
+    of an adapter that is not loaded; ``/v1/models``, where they point, lists them; an unload of a
+    name never loaded is refused the same way); the server then serves a batch of two adapters and
+    the base model with two LoRA slots exactly, and its scheduler never failed."""
     extra = {"lora_name": "extra", "lora_path": str(tiny_artifacts["qv-r4"])}
     assert post(f"{server}/load_lora_adapter", extra)[0] == 200
     assert post(f"{server}/unload_lora_adapter", {"lora_name": "extra"})[0] == 200
@@ -154,6 +157,16 @@ def test_http_malformed_requests_are_refused_and_the_next_is_served_exactly(
             assert message in error["message"] and error["code"] == 400, (what, body[:500])
         else:
             assert status == 400 and message in body, (what, status, body[:500])
+        if "LoRA adapter '" in message:  # refused as not loaded: no other tenant's name
+            assert not any(name in body for name in TWO), (what, body[:500])
+    # The refusals' pointer: /v1/models lists the loaded adapters (after the base model).
+    with urllib.request.urlopen(f"{server}/v1/models", timeout=60) as response:
+        models = [card["id"] for card in json.loads(response.read())["data"]]
+    assert models[0] == "tiny-llama" and sorted(models[1:]) == sorted(TWO), models
+    # An unload of a name not loaded: SGLang's refusal listed every loaded adapter.
+    status, body = post(f"{server}/unload_lora_adapter", {"lora_name": "never"})
+    assert status == 400 and f"LoRA adapter 'never' has never been loaded: nothing to unload. {LOADED}" in body, body
+    assert not any(name in body for name in TWO), body
 
     batch = {
         "input_ids": [tokenizer.encode(prompt) for prompt, _ in MIXED],
@@ -192,7 +205,7 @@ def engine_rounds(tokenizer):
         ),
         (
             {"generate": {"input_ids": ids[1], "lora_path": "never"}},
-            "LoRA adapter 'never' has never been loaded. Loaded adapters: 'sql-r8'.",
+            "LoRA adapter 'never' has never been loaded. Loaded adapters: 1 (GET /v1/models lists them).",
         ),
         (
             {"generate": {"input_ids": ids[:2], "lora_path": ["sql-r8", None]}},

@@ -42,3 +42,27 @@ def test_e2e_cpu(tmp_path):
     for r in rows:
         assert math.isfinite(r["intel_xpu_tok_s"]) and math.isfinite(r["torch_native_tok_s"]), r
         assert math.isclose(r["ratio"], r["intel_xpu_tok_s"] / r["torch_native_tok_s"]), r
+
+
+@pytest.mark.e2e
+def test_scale(tmp_path, tiny_artifacts):
+    """``benchmarks.scale --quick``: one server per backend (``intel_xpu``, ``torch_native``), 2 then
+    3 adapters over 2 slots (every third adapter evicts one), 2 requests in flight. Every row is
+    there with finite timings, each sampled output equals transformers + PEFT, and the loads and
+    the memory were measured (values not asserted: a smoke run). It builds its adapters next to the
+    session's tiny Llama (reused, not built again). About 90 s of CPU time, most of it the two server
+    start-ups (85-180 s wall on the shared 2-core machine under a load of 2-5)."""
+    run_benchmark("scale", tmp_path, "--artifacts", str(tiny_artifacts["base"].parent), "--log-dir", str(tmp_path))
+    payload = json.loads((tmp_path / "scale-cpu-quick.json").read_text())
+    rows = payload["rows"]
+    assert [(r["backend"], r["adapters"], r["slots"], r["in_flight"], r["requests"]) for r in rows] == [
+        (backend, k, 2, 2, 4) for backend in ("intel_xpu", "torch_native") for k in (2, 3)
+    ]
+    for r in rows:
+        assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] <= r["latency_max_s"], r
+        assert math.isfinite(r["tok_s"]) and r["tok_s"] > 0, r
+        assert r["load_ms_median"] > 0 and math.isfinite(r["rss_mib_per_adapter"]), r
+    for backend in ("intel_xpu", "torch_native"):
+        checked = [r for r in rows if r["backend"] == backend]
+        assert sum(r["checked"] for r in checked) == 2, checked
+        assert all(r["exact"] == r["checked"] for r in checked), checked

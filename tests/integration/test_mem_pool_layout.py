@@ -369,3 +369,17 @@ def test_backend_whose_ops_need_no_zeroing_serves_on_sglangs_own_pool(manager_wi
     portable.validate_lora_targets(base_model=manager.base_model, target_modules=TARGETS)
     with pytest.raises(RuntimeError, match="refuses to serve: .*the pool's loads are not zeroing its slots"):
         portable.prepare_lora_batch(forward_batch("DECODE", 1), [0], [0, 0], [0.0, 0.0], False)
+
+
+def test_bytes_per_slot_match_the_documented_formula(pool_env):
+    """``benchmarks.common.ModelShape.lora_slot_bytes``, the formula behind the bytes per slot of
+    docs/sizing.md, against SGLang's real pool for the tiny Llama (2 layers, hidden 128, 4 heads and 2
+    key/value heads of 32, intermediate 256; every linear module a target): the pool's A and B
+    buffers over its 2 slots."""
+    from benchmarks.common import ModelShape
+
+    pool = pool_env.new_pool(zeroed=False)
+    total = sum(t.numel() * t.element_size() for buffers in (*pool.A_buffer.values(), *pool.B_buffer.values()) for t in buffers)
+    tiny = ModelShape("tiny-llama", hidden=128, q=4 * 32, kv=2 * 32, intermediate=256)
+    assert sorted(pool.A_buffer) == sorted(TARGETS) and len(pool.A_buffer["qkv_proj"]) == pool_env.layers == 2
+    assert total == 2 * tiny.lora_slot_bytes(MAX_RANK, layers=2, dtype_bytes=4) == 2 * 16 * 4096 * 4

@@ -193,10 +193,107 @@ def test_a_request_for_an_adapter_that_is_not_loaded_says_whether_it_was_unloade
     if scope:
         assert refused == (
             "LoRA adapter 'gone' was unloaded (load it again to serve it); "
-            "LoRA adapter 'never' has never been loaded. Loaded adapters: 'a', 'b'."
+            "LoRA adapter 'never' has never been loaded. Loaded adapters: 2 (GET /v1/models lists them)."
         )
     else:  # SGLang alone serves the unloaded adapter again and refuses the other as never loaded
         assert re.match(r"Got LoRA adapter that has never been loaded: never\n", refused), refused
+
+
+#: Tenants loaded for the refusals that must not list them (issue 31: 9 KB at 1,000 adapters).
+TENANTS = [f"tenant-{i:02d}" for i in range(50)]
+#: The end of every refusal of an adapter that is not loaded, with TENANTS loaded (the unloaded
+#: one excepted): how many, and where to list them.
+FORTY_NINE = "Loaded adapters: 49 (GET /v1/models lists them)."
+
+
+async def load_tenants(manager, unloaded="tenant-07"):
+    """Load :data:`TENANTS` and unload ``unloaded``."""
+    from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
+
+    for name in TENANTS:
+        await manager.load_lora_adapter(LoadLoRAAdapterReqInput(lora_name=name, lora_path=f"/{name}"))
+    await unload(manager, unloaded)
+
+
+async def unload(manager, name):
+    """SGLang's ``unload_lora_adapter`` of ``name``: its ``LoRAUpdateOutput``."""
+    from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
+
+    return await manager.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=name))
+
+
+def names_in(message):
+    """The loaded tenants' names that ``message`` gives away."""
+    return [name for name in TENANTS if name in message]
+
+
+def test_a_refusal_at_50_adapters_names_the_adapter_and_counts_the_others(scope, manager):
+    """With 50 tenants loaded (one of them then unloaded), a request for a name never loaded and one
+    for the unloaded tenant are refused naming that adapter and saying how many are loaded and
+    where to list them, without any other tenant's name. SGLang alone lists all of them (and serves
+    the unloaded tenant again)."""
+
+    async def scenario():
+        await load_tenants(manager)
+        return await resolve(manager, "tenant-x"), await resolve(manager, "tenant-07")
+
+    never, unloaded = asyncio.run(scenario())
+    if scope:
+        assert never == f"LoRA adapter 'tenant-x' has never been loaded. {FORTY_NINE}"
+        assert unloaded == f"LoRA adapter 'tenant-07' was unloaded (load it again to serve it). {FORTY_NINE}"
+        assert names_in(never) == [] and names_in(unloaded) == ["tenant-07"]
+    else:
+        assert never.startswith("Got LoRA adapter that has never been loaded: tenant-x\n"), never
+        assert names_in(never) == TENANTS and len(never) > 50 * len("'tenant-00', ")
+        assert unloaded is None  # SGLang alone loads the unloaded tenant again
+
+
+def test_an_unload_between_the_check_and_sglangs_lookup_is_refused_as_unloaded(scope, manager):
+    """An unload that lands after the plugin's check passed and before SGLang looks the adapter up
+    (here: right after SGLang read which names are unregistered) makes SGLang refuse the request
+    itself, listing every loaded adapter; the plugin replaces that refusal by its own."""
+
+    async def scenario():
+        await load_tenants(manager)
+        registry = manager.lora_registry
+        read_unregistered = registry.get_unregistered_loras
+
+        async def unload_lands(names):
+            found = await read_unregistered(names)
+            await unload(manager, "tenant-03")
+            return found
+
+        registry.get_unregistered_loras = unload_lands
+        return await resolve(manager, ["tenant-01", "tenant-03"])
+
+    refused = asyncio.run(scenario())
+    if scope:
+        assert refused == f"LoRA adapter 'tenant-03' was unloaded (load it again to serve it). Loaded adapters: 48 (GET /v1/models lists them)."
+        assert names_in(refused) == ["tenant-03"]
+    else:
+        assert refused.startswith("The following requested LoRA adapters are not loaded: tenant-03\n"), refused
+        listed = refused.split("\nLoaded adapters: ", 1)[1]
+        assert len(names_in(listed)) == 48  # all loaded: TENANTS but tenant-03 and tenant-07
+
+
+def test_unloading_a_name_that_is_not_loaded_is_refused_without_the_other_names(scope, manager):
+    """``/unload_lora_adapter`` of a name never loaded and of one already unloaded: refused naming the
+    adapter and counting the others (SGLang alone lists every loaded adapter's name)."""
+
+    async def scenario():
+        await load_tenants(manager)
+        return await unload(manager, "tenant-x"), await unload(manager, "tenant-07")
+
+    never, again = asyncio.run(scenario())
+    assert not never.success and not again.success
+    if scope:
+        assert never.error_message == f"LoRA adapter 'tenant-x' has never been loaded: nothing to unload. {FORTY_NINE}"
+        assert again.error_message == (
+            f"LoRA adapter 'tenant-07' was unloaded (load it again to serve it): nothing to unload. {FORTY_NINE}"
+        )
+    else:
+        assert never.error_message.startswith("LoRA with name tenant-x does not exist. Loaded LoRAs: ")
+        assert names_in(never.error_message) == [name for name in TENANTS if name != "tenant-07"]
 
 
 HALF_APPLIED = """

@@ -50,7 +50,8 @@ request_checks         ``GenerateReqInput`` / ``EmbeddingReqInput.normalize_batc
                        naming the field and the lengths (HTTP 400) where SGLang's scheduler
                        would die (a list for one prompt, a ``lora_id`` alone), answer HTTP 500 or
                        drop entries; an adapter that is not loaded is refused as unloaded or as
-                       never loaded. For plugin backends (all with
+                       never loaded, with how many adapters are loaded, never their names (SGLang's
+                       refusals list them all). For plugin backends (all with
                        ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``). Remove when SGLang checks a
                        request's LoRA fields against its batch.
 backend_registry       ``lora_registry.LORA_SUPPORTED_BACKENDS`` via ``register_lora_backend``:

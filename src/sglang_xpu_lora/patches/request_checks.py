@@ -13,7 +13,8 @@ Why: SGLang 0.5.23 checks neither the shape nor the entries of a request's ``lor
     ``Req.__init__``); so does a ``lora_id`` without ``lora_path``, which the scheduler looks up
     as an adapter id; a batch with fewer ``lora_path`` entries than prompts is an HTTP 500
     (``IndexError`` when the batch is split); more entries than prompts are ignored silently.
-    A request naming an adapter that was unloaded is refused as "never been loaded".
+    A request naming an adapter that was unloaded is refused as "never been loaded"; that refusal,
+    like the one of a name never loaded, lists every loaded adapter's name.
 How: for servers in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plugin backends, all
     backends with ``SGLANG_XPU_LORA_ADAPTER_CHECKS=all``), a request's LoRA fields are checked
     around SGLang's own normalisation (:func:`check_entries` before it, :func:`check_lengths`
@@ -27,20 +28,25 @@ How: for servers in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: plu
     form arrives as a string ``lora_path``. When the request's adapters are resolved, a name that
     is neither loaded nor remembered for the implicit reload of evicted adapters is refused saying
     whether it is being unloaded, was unloaded
-    (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`) or was never loaded, with the
-    adapters that are loaded. Since the hooks run only in processes that load plugins, a server
+    (:func:`sglang_xpu_lora.patches.unload_final.unloaded_names`) or was never loaded, with how
+    many adapters are loaded and where to list them (``GET /v1/models``), never their names
+    (SGLang lists every loaded adapter's name in its refusal: 9 KB at 1,000 adapters, and one
+    tenant learns every other's name); SGLang's own such refusals, which a request meets when an
+    unload or an eviction lands between the plugin's check and SGLang's, are replaced by the
+    plugin's. Since the hooks run only in processes that load plugins, a server
     in scope with ``--tokenizer-worker-num`` above 1 (extra tokenizer workers that SGLang starts
     without loading plugins) is refused at argument validation.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``normalize_batch_and_arguments``
-    still sets ``is_single`` and ``batch_size``, and that SGLang still repeats ``lora_path`` for the
-    ``n`` samples).
+    still sets ``is_single`` and ``batch_size``, that SGLang still repeats ``lora_path`` for the
+    ``n`` samples, and that its refusals of an adapter not loaded still start as
+    :data:`SGLANG_NOT_LOADED` says).
 Remove when: SGLang checks a request's LoRA fields against its batch (``_normalize_lora_paths`` of
     ``GenerateReqInput``) and ``lora_id`` is no longer a request field; no upstream issue yet.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_xpu_lora.adapters import checked_backends
 from sglang_xpu_lora.patches import unload_final
@@ -49,6 +55,9 @@ from sglang_xpu_lora.patches.undo import UndoStack, queue_hook
 from sglang_xpu_lora.registry import LoRABackendRegistry
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import TESTED_SGLANG, resolve
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 
 #: The request fields that name adapters, as SGLang's request classes spell them.
 LORA_FIELDS = ("lora_path", "lora_id")
@@ -157,30 +166,70 @@ def generated_samples(obj: Any) -> int:
     return obj.parallel_sample_num
 
 
+#: SGLang's own refusals of a request whose adapter is not loaded, which list every loaded adapter's
+#: name (``TokenizerManager._resolve_lora_path``, ``LoRARegistry.acquire``); the plugin reaches
+#: them only in a race (an unload or eviction between its check and SGLang's) and says the same
+#: in its own words (:func:`short_refusal`). Anchored in ``upstream/targets.py``.
+SGLANG_NOT_LOADED = (
+    "Got LoRA adapter that has never been loaded: ",
+    "The following requested LoRA adapters are not loaded: ",
+)
+
+
+def refusal(manager: Any, names: Any) -> str:
+    """The refusal of a request naming ``names`` (adapters that are not loaded): why, per name
+    (:func:`sglang_xpu_lora.patches.unload_final.why_not_loaded`), then
+    :func:`sglang_xpu_lora.patches.unload_final.loaded_count`."""
+    reasons = "; ".join(unload_final.why_not_loaded(manager, name) for name in names)
+    return f"{reasons}. {unload_final.loaded_count(manager)}"
+
+
 def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
     """Refuse a request (its ``lora_path``, normalised) that names an adapter ``manager`` neither
     has registered nor remembers for an implicit reload (an adapter evicted under
-    ``--max-loaded-loras``); SGLang would refuse it as never loaded.
+    ``--max-loaded-loras``); SGLang would refuse it as never loaded, listing every loaded adapter.
 
     Raises:
-        ValueError: per such adapter, whether it is being unloaded, was unloaded or was never
-            loaded, then the adapters that are loaded.
+        ValueError: :func:`refusal`: per such adapter (sorted, each once), whether it is being
+            unloaded, was unloaded or was never loaded; then how many adapters are loaded and
+            where to list them, never their names.
     """
     names = [lora_path] if isinstance(lora_path, str) else lora_path or ()
-    registered = manager.lora_registry.get_all_adapters()
-    known = set(registered) | set(manager.lora_ref_cache)
+    known = set(manager.lora_registry.get_all_adapters()) | set(manager.lora_ref_cache)
     unknown = sorted({name for name in names if name is not None and name not in known})
-    if not unknown:
-        return
-    unloaded = unload_final.unloaded_names(manager)
-    reasons = [
-        f"LoRA adapter {name!r} is being unloaded" if name in manager.pending_lora_unloads
-        else f"LoRA adapter {name!r} was unloaded (load it again to serve it)" if name in unloaded
-        else f"LoRA adapter {name!r} has never been loaded"
-        for name in unknown
-    ]
-    loaded = ", ".join(repr(name) for name in sorted(known)) or "none"
-    raise ValueError(f"{'; '.join(reasons)}. Loaded adapters: {loaded}.")
+    if unknown:
+        raise ValueError(refusal(manager, unknown))
+
+
+def short_refusal(manager: Any, error: ValueError) -> ValueError | None:
+    """For SGLang's own refusal ``error`` of an adapter that is not loaded (:data:`SGLANG_NOT_LOADED`,
+    which lists every loaded adapter), the plugin's :func:`refusal` of the adapter it names; None
+    for any other error."""
+    message = str(error)
+    for prefix in SGLANG_NOT_LOADED:
+        if message.startswith(prefix):
+            return ValueError(refusal(manager, [message[len(prefix):].split("\n", 1)[0]]))
+    return None
+
+
+async def resolve_checked(
+    original: Any, manager: Any, obj: GenerateReqInput | EmbeddingReqInput, *args: Any, **kwargs: Any
+) -> Any:
+    """SGLang's ``manager._resolve_lora_path(obj)`` after :func:`refuse_unknown_adapters`; SGLang's
+    own refusals of an adapter not loaded (an unload or eviction that landed after the check) are
+    replaced by the plugin's (:func:`short_refusal`).
+
+    Raises:
+        ValueError: see :func:`refuse_unknown_adapters`; SGLang's other refusals as SGLang raises them.
+    """
+    refuse_unknown_adapters(manager, obj.lora_path)
+    try:
+        return await original(manager, obj, *args, **kwargs)
+    except ValueError as exc:
+        short = short_refusal(manager, exc)
+        if short is None:
+            raise
+        raise short from None
 
 
 def refuse_extra_tokenizer_workers(server_args: Any) -> None:
@@ -216,9 +265,9 @@ def apply(registry: LoRABackendRegistry, undo: UndoStack) -> None:
         return normalize_checked(original, obj, *args, **kwargs)
 
     async def around_resolve_lora_path(original, manager, obj, *args, **kwargs):
-        if unload_final.in_scope():
-            refuse_unknown_adapters(manager, obj.lora_path)
-        return await original(manager, obj, *args, **kwargs)
+        if not unload_final.in_scope():
+            return await original(manager, obj, *args, **kwargs)
+        return await resolve_checked(original, manager, obj, *args, **kwargs)
 
     queue_hook(targets.CHECK_LORA_SERVER_ARGS, after_check_lora_server_args, "AFTER", undo)
     queue_hook(targets.GENERATE_REQ_NORMALIZE, around_normalize, "AROUND", undo)

@@ -27,12 +27,16 @@ How: for adapters in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`: pl
     A request naming an unloaded adapter is then refused as unloaded (the manager remembers the
     names its users unloaded, :func:`unloaded_names`; the refusal is in
     :mod:`sglang_xpu_lora.patches.request_checks`: an error from ``Engine.generate``, HTTP 400),
+    saying how many adapters are loaded and where to list them, not their names
+    (:func:`loaded_count`; so does the refusal to unload a name that is not loaded, which SGLang
+    answers with every loaded adapter's name),
     and a later load under the name loads the weights it names. Evicted adapters stay in the
     cache and are loaded again on request exactly as before. The release of a request that
     acquired nothing (``lora_id`` None: ``LoRARegistry.acquire`` looks every name up before it
     counts any, so a refused request holds no count) returns without touching the usage counters.
 Checked against: SGLang 0.5.23 (the compat guard checks that ``_resolve_lora_path`` still loads from
-    ``lora_ref_cache`` right where it reads it, and that a load still records its reference there).
+    ``lora_ref_cache`` right where it reads it, that a load still records its reference there, and
+    that its refusal to unload a name not registered still starts as :data:`SGLANG_NOT_REGISTERED`).
 Remove when: SGLang removes a user-unloaded name from ``lora_ref_cache`` (``unload_lora_adapter``
     in ``tokenizer_control_mixin.py``) and releases only what a request acquired; no upstream issue
     tracks either yet.
@@ -55,6 +59,11 @@ def in_scope() -> bool:
     return bool(lora.enable_lora) and checked_backends.applies_to(lora.lora_backend)
 
 
+#: The start of SGLang's refusal to unload an adapter that is not registered
+#: (``LoRARegistry.unregister``), which goes on to list every loaded adapter's name; replaced by the
+#: plugin's (:func:`unload_finally`). Anchored in ``upstream/targets.py``.
+SGLANG_NOT_REGISTERED = "LoRA with name {name} does not exist. Loaded LoRAs: "
+
 #: Attribute set on SGLang's ``TokenizerManager`` in scope: the names its users unloaded (a set).
 UNLOADED_ATTR = "xpu_lora_unloaded"
 
@@ -67,6 +76,32 @@ def unloaded_names(manager: Any) -> frozenset[str]:
 
 def _record_unload(manager: Any, lora_name: str) -> None:
     setattr(manager, UNLOADED_ATTR, unloaded_names(manager) | {lora_name})
+
+
+#: Where a client finds the adapters a server serves: SGLang's OpenAI-compatible model list has one
+#: entry per loaded adapter (``id`` its name), after the base model.
+LIST_ADAPTERS = "GET /v1/models lists them"
+
+
+def loaded_count(manager: Any) -> str:
+    """``"Loaded adapters: N (GET /v1/models lists them)."``: how many adapters ``manager`` (SGLang's
+    ``TokenizerManager``) has registered, the ones ``/v1/models`` lists, and where to list them,
+    never their names (one tenant's refusal must not list every other tenant; at 1,000 adapters
+    the list was 9 KB)."""
+    return f"Loaded adapters: {len(manager.lora_registry.get_all_adapters())} ({LIST_ADAPTERS})."
+
+
+def why_not_loaded(manager: Any, name: str) -> str:
+    """Why adapter ``name`` is not loaded in ``manager``: it is being unloaded, was unloaded
+    (:func:`unloaded_names`), was evicted under ``--max-loaded-loras`` since the request was checked
+    (remembered for an implicit reload), or was never loaded. A sentence without its final period, naming the adapter."""
+    if name in manager.pending_lora_unloads:
+        return f"LoRA adapter {name!r} is being unloaded"
+    if name in unloaded_names(manager):
+        return f"LoRA adapter {name!r} was unloaded (load it again to serve it)"
+    if name in manager.lora_ref_cache:
+        return f"LoRA adapter {name!r} was evicted under --max-loaded-loras while the request waited (send it again)"
+    return f"LoRA adapter {name!r} has never been loaded"
 
 
 def is_evicted(manager: Any, lora_name: str) -> bool:
@@ -82,7 +117,9 @@ async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kw
 
     Returns:
         SGLang's ``LoRAUpdateOutput``; a success for an adapter that was evicted under
-        ``--max-loaded-loras`` (SGLang reports it as not existing).
+        ``--max-loaded-loras`` (SGLang reports it as not existing). SGLang's refusal of a name that
+        is not loaded, which lists every loaded adapter's name, says instead why the name is not
+        loaded (:func:`why_not_loaded`) and how many are (:func:`loaded_count`).
     """
     name = obj.lora_name
     evicted = is_evicted(manager, name)
@@ -97,6 +134,8 @@ async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kw
         _record_unload(manager, name)
         loaded = {lora_name: ref.lora_path for lora_name, ref in registered.items()}
         return resolve(targets.LORA_UPDATE_OUTPUT)(success=True, error_message="", loaded_adapters=loaded)
+    if (result.error_message or "").startswith(SGLANG_NOT_REGISTERED.format(name=name)):
+        result.error_message = f"{why_not_loaded(manager, name)}: nothing to unload. {loaded_count(manager)}"
     return result
 
 

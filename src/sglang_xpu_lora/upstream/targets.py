@@ -71,6 +71,8 @@ TOKENIZER_UNLOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".unload_lora_adapter"
 TOKENIZER_LOAD_LORA_ADAPTER = TOKENIZER_CONTROL_MIXIN + ".load_lora_adapter"
 LORA_REGISTRY = "sglang.srt.lora.lora_registry.LoRARegistry"
 LORA_REGISTRY_RELEASE = LORA_REGISTRY + ".release"
+LORA_REGISTRY_ACQUIRE = LORA_REGISTRY + ".acquire"
+LORA_REGISTRY_UNREGISTER = LORA_REGISTRY + ".unregister"
 UNLOAD_LORA_ADAPTER_REQ_INPUT = "sglang.srt.managers.io_struct.UnloadLoRAAdapterReqInput"
 # A request's LoRA fields checked where it enters (patches/request_checks.py), same process.
 GENERATE_REQ_INPUT = "sglang.srt.managers.io_struct.GenerateReqInput"
@@ -361,6 +363,21 @@ REQUIRED_SOURCE = (
         TOKENIZER_RESOLVE_LORA_PATH,
         "new_lora_ref = self.lora_ref_cache[lora_path]\n            load_result = await self.load_lora_adapter(",
         "a request loads an unregistered adapter from lora_ref_cache right where it reads it (unloads remove the name first)",
+    ),
+    (
+        TOKENIZER_RESOLVE_LORA_PATH,
+        'f"Got LoRA adapter that has never been loaded: {lora_path}\\n"',
+        "SGLang's refusal of an adapter never loaded (it lists every loaded adapter) is replaced by the plugin's short one",
+    ),
+    (
+        LORA_REGISTRY_ACQUIRE,
+        'f"The following requested LoRA adapters are not loaded: {name}\\n"',
+        "SGLang's refusal of an adapter not loaded (it lists every loaded adapter) is replaced by the plugin's short one",
+    ),
+    (
+        LORA_REGISTRY_UNREGISTER,
+        'f"LoRA with name {lora_name} does not exist. Loaded LoRAs: ',
+        "SGLang's refusal to unload an adapter not loaded (it lists every loaded adapter) is replaced by the plugin's short one",
     ),
     (
         TOKENIZER_LOAD_LORA_ADAPTER,

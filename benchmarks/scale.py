@@ -1,0 +1,292 @@
+"""Many adapters over few slots: K adapters loaded in one ``sglang serve``, S adapter slots per
+batch (``--max-loras-per-batch``), C requests in flight (issue 31).
+
+For each LoRA backend (``intel_xpu`` and SGLang's ``torch_native`` on CPU; also ``triton``, ``csgmv``
+and ``triton_v2`` on a CUDA GPU), one server is started with the first adapter and the others are
+loaded through ``/load_lora_adapter``, up to each K in turn (the server stays up, so K grows). At
+each K, for each C, N streamed ``/generate`` requests (fresh random prompts, greedy, ``ignore_eos``,
+``--new-tokens`` tokens each), spread over the K adapters (N distinct adapters at most), are sent
+with C in flight, after one untimed round (the largest C, as many requests, over the first K's
+adapters) that leaves one-time costs out of the timings. Recorded per (backend, K, C):
+
+* time to first token (the first streamed event with a token), p50 and p95, and the slowest
+  request's latency (send to last event), in seconds;
+* tokens per second: N x new tokens over the wall time of the N requests;
+* the time of each ``/load_lora_adapter`` (median and max, ms, of the loads that took K to its
+  value) and the server's resident memory per adapter (all its processes, ``/proc``: the growth
+  across the loads alone, not the workloads between them, over the adapters loaded after the
+  first; on a GPU also the device memory per adapter, from the device's free memory, which should
+  stay flat: SGLang keeps adapters in host memory and copies them into the slots it allocated at
+  start);
+* a sample of the requests' greedy tokens (``--check`` per backend, across the runs) against
+  transformers + PEFT in float32 (``sglang_cpu_devsupport.serving.hf_reference``): ``exact`` counts
+  the equal ones.
+
+The adapters are one PEFT adapter built by ``sglang_cpu_devsupport.tiny_model`` (all linear
+modules of the tiny Llama, rank ``--rank``) and K - 1 copies of its files with fresh random weights
+(seeded by index), each a PEFT adapter that transformers + PEFT loads. ``--max-lora-rank`` is the
+adapters' rank. The JSON and Markdown go to ``benchmarks/results/scale-<device>.json`` / ``.md``
+(``--out`` elsewhere; ``--quick``: a few seconds of serving, ``-quick`` in the name, the suite's
+smoke run ``tests/integration/test_benchmarks_smoke.py``).
+
+The issue's workload, on the CPU engine (about 10 minutes per backend on a quiet 2-core machine)::
+
+    python -m benchmarks.scale --adapters 8 32 1000 --slots 8 --in-flight 16 64 --requests 64
+
+The issue's target run: ``--slots 64 --adapters 8 1000 --in-flight 64``. On a CUDA GPU:
+``--device cuda`` (``--set attention_backend=triton`` and other ``sglang serve`` settings as
+``KEY=VALUE``). Measured figures come from a quiet machine; none is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import random
+import shutil
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+from benchmarks.common import RESULTS, write
+
+#: Backends run by default: those that run on the device type.
+BACKENDS = {"cpu": ("intel_xpu", "torch_native"), "cuda": ("intel_xpu", "torch_native", "triton", "csgmv", "triton_v2")}
+TEMPLATE = "scale-template"
+COLUMNS = [
+    "backend", "adapters", "slots", "in_flight", "requests", "ttft_p50_s", "ttft_p95_s", "latency_max_s",
+    "tok_s", "load_ms_median", "load_ms_max", "rss_mib_per_adapter", "checked", "exact",
+]
+
+
+def adapter_name(index: int) -> str:
+    return f"scale-{index:04d}"
+
+
+def build_adapters(root: Path, count: int, rank: int) -> dict[str, Path]:
+    """The tiny Llama and ``count`` PEFT adapters under ``root``: ``{"base": dir, name: dir}``.
+
+    ``scale-0000`` is a copy of a PEFT-built template (``tiny_model.build_all``: all linear modules,
+    ``rank``, alpha 2 x rank); ``scale-i`` (i >= 1) has the template's config and tensor names and
+    shapes with weights drawn from ``torch.Generator().manual_seed(1000 + i)`` (normal, std 0.1 for
+    LoRA-A, 0.05 for LoRA-B: nonzero B, so every adapter changes the output). Directories made
+    for the same template and rank are reused.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sglang_cpu_devsupport import tiny_model
+
+    spec = tiny_model.AdapterSpec(TEMPLATE, rank=rank, alpha=2 * rank, seed=1000)
+    paths = tiny_model.build_all(root, adapters=(spec,))
+    template = paths[TEMPLATE]
+    tensors = load_file(template / "adapter_model.safetensors")
+    stamp = json.dumps({"template": json.loads((template / "build.json").read_text()), "version": 1})
+    out = {"base": paths["base"]}
+    for index in range(count):
+        target = root / "scale-adapters" / adapter_name(index)
+        if not (target / "build.json").exists() or (target / "build.json").read_text() != stamp:
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(template / "adapter_config.json", target / "adapter_config.json")
+            if index == 0:
+                shutil.copy(template / "adapter_model.safetensors", target / "adapter_model.safetensors")
+            else:
+                generator = torch.Generator().manual_seed(1000 + index)
+                fresh = {
+                    key: torch.randn(value.shape, generator=generator) * (0.05 if "lora_B" in key else 0.1)
+                    for key, value in sorted(tensors.items())
+                }
+                save_file(fresh, target / "adapter_model.safetensors")
+            (target / "build.json").write_text(stamp)
+        out[adapter_name(index)] = target
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated (numpy's default)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def streamed_generate(url: str, input_ids: list[int], lora: str, new_tokens: int) -> dict:
+    """One streamed ``/generate``: ``{"ttft": s, "latency": s, "output_ids": [...]}`` (seconds from
+    sending; the first event with a token; the last event, whose ``output_ids`` are all of them:
+    SGLang streams them cumulatively unless ``--incremental-streaming-output``)."""
+    payload = {
+        "input_ids": input_ids, "lora_path": lora, "stream": True,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
+    }
+    request = urllib.request.Request(
+        f"{url}/generate", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    ttft, output_ids = None, []
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                raise RuntimeError(f"{lora}: {event['error']}")
+            if event.get("output_ids"):
+                output_ids = event["output_ids"]
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+    if len(output_ids) != new_tokens:
+        raise RuntimeError(f"{lora}: {len(output_ids)} tokens streamed, expected {new_tokens}")
+    return {"ttft": ttft, "latency": time.perf_counter() - start, "output_ids": output_ids}
+
+
+def run_workload(url: str, loaded: int, in_flight: int, requests: int, prompt_len: int, new_tokens: int, seed: int) -> dict:
+    """N = ``requests`` streamed requests over the first ``loaded`` adapters (a seeded random
+    choice of min(N, loaded) distinct ones, cycled), ``in_flight`` at a time. Returns the row's
+    timings and ``samples``: ``(input ids, adapter, output ids)`` per request."""
+    rng = random.Random(seed)
+    chosen = rng.sample(range(loaded), min(requests, loaded))
+    work = [
+        ([rng.randrange(3, 1000) for _ in range(prompt_len)], adapter_name(chosen[i % len(chosen)]))
+        for i in range(requests)
+    ]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight) as pool:
+        results = list(pool.map(lambda item: streamed_generate(url, item[0], item[1], new_tokens), work))
+    wall = time.perf_counter() - start
+    ttfts = [r["ttft"] for r in results]
+    return {
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p95_s": percentile(ttfts, 0.95),
+        "latency_max_s": max(r["latency"] for r in results),
+        "tok_s": requests * new_tokens / wall,
+        "samples": [(ids, lora, r["output_ids"]) for (ids, lora), r in zip(work, results)],
+    }
+
+
+def device_free_bytes(device: str) -> Optional[int]:
+    """Free memory of the GPU (``cuda`` / ``xpu``), device-wide; None on CPU."""
+    if device == "cpu":
+        return None
+    import torch
+
+    return getattr(torch, device).mem_get_info()[0]
+
+
+def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[dict]:
+    """One server on ``backend``: the loads up to each K, the workloads at each C, the sample
+    checked against ``reference(input_ids, adapter) -> greedy tokens``. Returns its rows."""
+    from sglang_cpu_devsupport import serving
+
+    first = adapter_name(0)
+    overrides = dict(
+        lora_backend=backend, max_loras_per_batch=args.slots, max_lora_rank=args.rank,
+        log_level="warning", **args.set,
+    )
+    if args.device != "cpu":
+        overrides["device"] = args.device
+    port = serving.free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = serving.server_argv(paths, [first], port, **overrides)
+    log = Path(args.log_dir) / f"scale-{backend}.log"
+    rows, samples = [], []
+    with serving.running_server(argv, port, env, log) as server:
+        warm = [1] * args.prompt_len
+        serving.post_json(f"{url}/generate", {"input_ids": warm, "lora_path": first, "sampling_params": {"max_new_tokens": 2}})
+        loaded, rss_growth, device_growth = 1, 0, 0
+        for k in sorted(args.adapters):
+            load_ms = []
+            rss_before, free_before = serving.process_group_rss(server.pid), device_free_bytes(args.device)
+            for index in range(loaded, k):
+                name = adapter_name(index)
+                begin = time.perf_counter()
+                serving.post_json(f"{url}/load_lora_adapter", {"lora_name": name, "lora_path": str(paths[name])}, timeout=600)
+                load_ms.append((time.perf_counter() - begin) * 1e3)
+            loaded = max(loaded, k)
+            extra = loaded - 1
+            rss_growth += serving.process_group_rss(server.pid) - rss_before  # the loads', not the workloads'
+            free = device_free_bytes(args.device)
+            if free is not None:
+                device_growth += free_before - free
+            if k == min(args.adapters):  # warm-up, untimed: the largest C over the first K's adapters
+                busiest = max(args.in_flight)
+                run_workload(url, loaded, busiest, busiest, args.prompt_len, args.new_tokens, seed=0)
+            for c in args.in_flight:
+                timings = run_workload(url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c)
+                samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]
+                row = {
+                    "backend": backend, "adapters": loaded, "slots": args.slots, "in_flight": c,
+                    "requests": args.requests, **timings,
+                    "load_ms_median": statistics.median(load_ms) if load_ms else None,
+                    "load_ms_max": max(load_ms) if load_ms else None,
+                    "rss_mib_per_adapter": rss_growth / extra / 2**20 if extra else None,
+                }
+                if free is not None:
+                    row["device_mib_per_adapter"] = device_growth / extra / 2**20 if extra else None
+                rows.append(row)
+                print(row, flush=True)
+    # The sample: spread over the runs, the same picks for every backend (same seeds, same order).
+    picks = random.Random(7).sample(range(len(samples)), min(args.check, len(samples)))
+    for pick in picks:
+        _, k, c, input_ids, lora, output_ids = samples[pick]
+        row = next(r for r in rows if r["adapters"] == k and r["in_flight"] == c)
+        row["checked"] = row.get("checked", 0) + 1
+        row["exact"] = row.get("exact", 0) + int(output_ids == reference(tuple(input_ids), lora))
+    for row in rows:
+        row.setdefault("checked", 0)
+        row.setdefault("exact", 0)
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--adapters", type=int, nargs="+", default=[8, 32, 1000], help="K values, loaded in turn")
+    parser.add_argument("--slots", type=int, default=8, help="--max-loras-per-batch (the base model counts as one)")
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64], help="C values")
+    parser.add_argument("--requests", type=int, default=64, help="N requests per (K, C)")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--rank", type=int, default=8, help="the adapters' rank, and --max-lora-rank")
+    parser.add_argument("--check", type=int, default=16, help="sampled requests per backend checked against transformers + PEFT")
+    parser.add_argument("--backends", nargs="+", help="default: " + "; ".join(f"{d}: {' '.join(b)}" for d, b in BACKENDS.items()))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "xpu"])
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="further sglang serve settings (Engine argument names)")
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
+    parser.add_argument("--log-dir", type=Path, default=None, help="the servers' logs (default: ARTIFACTS/scale-logs)")
+    parser.add_argument("--quick", action="store_true", help="K 2 and 3 over 2 slots, C 2, 4 requests of 4 tokens: the smoke run")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    args.set = dict(item.split("=", 1) for item in args.set)
+    if args.quick:
+        args.adapters, args.slots, args.in_flight, args.requests = [2, 3], 2, [2], 4
+        args.new_tokens, args.prompt_len, args.check = 4, 8, min(args.check, 2)
+    args.log_dir = Path(args.log_dir or args.artifacts / "scale-logs")
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    backends = args.backends or BACKENDS.get(args.device, ("intel_xpu", "torch_native"))
+
+    from sglang_cpu_devsupport import serving
+
+    paths = build_adapters(args.artifacts, max(args.adapters), args.rank)
+    env = serving.cpu_env() if args.device == "cpu" else {}
+    references: dict = {}
+
+    def reference(input_ids: tuple, lora: str) -> list[int]:
+        if (input_ids, lora) not in references:
+            references[input_ids, lora] = serving.hf_reference(paths["base"], paths[lora], input_ids, args.new_tokens)[1]
+        return references[input_ids, lora]
+
+    rows = []
+    for backend in backends:
+        rows += run_backend(backend, paths, args, env, reference)
+    name = f"scale-{args.device}" + ("-quick" if args.quick else "")
+    settings = {key: value for key, value in vars(args).items() if key not in ("artifacts", "log_dir", "out")}
+    columns = COLUMNS + (["device_mib_per_adapter"] if args.device != "cpu" else [])
+    write(name, rows, columns, args.out, extra={"settings": {**settings, "backends": list(backends)}})
+
+
+if __name__ == "__main__":
+    main()
