@@ -27,6 +27,7 @@ def run_benchmark(module, out, *args, **env_vars):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.launches
 def test_host_overhead_adds_no_device_syncs(tmp_path):
     run_benchmark("host_overhead", tmp_path)
     rows = json.loads((tmp_path / "host_overhead-cpu-quick.json").read_text())["rows"]

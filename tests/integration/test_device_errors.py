@@ -12,7 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from sglang_cpu_devsupport import serving
+
+pytestmark = pytest.mark.launches
 
 RESOLVE = """
 import json

@@ -120,6 +120,7 @@ def test_no_build(kernels, status, capsys, monkeypatch, sglang_plugins_loaded):
         assert text.count(" torch / torch ") == len(OP_NAMES)
 
 
+@pytest.mark.launches
 def test_console_script_in_a_fresh_process():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_XPU_LORA")}
     env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_XPU_LORA_KERNELS="torch")

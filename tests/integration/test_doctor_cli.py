@@ -88,6 +88,7 @@ def fresh_process(code_or_script: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(code_or_script, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.launches
 def test_doctor_output_has_no_unrelated_sglang_import_warnings():
     script = Path(sys.executable).parent / "sglang-xpu-lora"  # installed next to this interpreter
     result = fresh_process([str(script), "doctor"])
@@ -140,6 +141,7 @@ sys.exit(main(["doctor"]))
 """
 
 
+@pytest.mark.launches
 def test_doctor_streams_its_report(tmp_path):
     """The first line comes before SGLang (the slow import) is imported, each step's lines as
     the step finishes: read line by line from the pipe, as a user's terminal shows them."""
@@ -164,6 +166,7 @@ def hidden_kernel_module(tmp_path: Path) -> str:
     return os.pathsep.join(filter(None, [str(tmp_path / "hide"), os.environ.get("PYTHONPATH")]))
 
 
+@pytest.mark.launches
 def test_a_broken_host_is_reported_once_in_lines_that_fit(tmp_path):
     """Without an importable ``sgl_kernel`` on SGLang's CPU engine, SGLang's LoRA modules do not
     import: every problem is printed once (stdout and stderr together; the plugin's own stderr
@@ -182,6 +185,7 @@ def test_a_broken_host_is_reported_once_in_lines_that_fit(tmp_path):
     assert [b for b in bullets if everything.count(b) != 1] == []
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "plugins, expected",
     [

@@ -43,6 +43,7 @@ def quick_run(tmp_path_factory):
     return out, *run_kit(out, SGLANG_XPU_LORA_KERNELS="triton")
 
 
+@pytest.mark.launches
 def test_every_step_runs_and_the_report_has_every_section(quick_run):
     out, result, report, kit = quick_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -60,6 +61,7 @@ def test_every_step_runs_and_the_report_has_every_section(quick_run):
     assert "Device cpu, all checks passed: True" in report
 
 
+@pytest.mark.launches
 def test_op_ratios_are_the_quotients_of_the_benchmark_timings(quick_run):
     out, _, report, _ = quick_run
     rows = json.loads((out / "ops-cpu-quick.json").read_text())["rows"]
@@ -74,6 +76,7 @@ def test_op_ratios_are_the_quotients_of_the_benchmark_timings(quick_run):
     assert [r["tokens"] for r in sync_rows] == [1, 4] and all(f"| {r['tokens']} | 1 | 84 |" in report for r in sync_rows)
 
 
+@pytest.mark.launches
 def test_op_benchmark_measures_every_tier(quick_run):
     """With TRITON_INTERPRET=1 (tests/conftest.py) and SGLANG_XPU_LORA_KERNELS=triton the quick run
     includes the intel_xpu tier through SGLang's Triton kernels on a tiny layer, adapters at and
@@ -93,6 +96,7 @@ def test_op_benchmark_measures_every_tier(quick_run):
     assert (out / "ops-cpu-quick.png").stat().st_size > 1000
 
 
+@pytest.mark.launches
 def test_sync_cost_counts_the_native_ops_host_reads(quick_run):
     """The stand-in makes the host reads the research notes list per sgl-kernel-xpu op (counted
     through the aten ops behind them: 21 per module on the decode path), and reports their cost as
@@ -106,6 +110,7 @@ def test_sync_cost_counts_the_native_ops_host_reads(quick_run):
         assert math.isclose(r["step_ratio"], r["synced_ms"] / r["triton_ms"]), r
 
 
+@pytest.mark.launches
 def test_capture_probe_on_cpu_tries_nothing_and_matches_the_reference(quick_run):
     """The device evidence script's CPU run: no device graphs, so no op is tried and none runs
     natively inside graphs; the layer through the graph table matches the float64 reference."""
@@ -118,6 +123,7 @@ def test_capture_probe_on_cpu_tries_nothing_and_matches_the_reference(quick_run)
         assert all(layer["vs_float64"] < 1e-5 for layer in build["layers"])
 
 
+@pytest.mark.launches
 def test_a_failing_step_is_reported_and_the_next_steps_run(tmp_path):
     """An invalid SGLANG_XPU_LORA_KERNELS: doctor still reports (the problem listed), the op benchmark
     fails with the error, and the report is written with both; the kit's exit status is 1."""
@@ -132,6 +138,7 @@ def test_a_failing_step_is_reported_and_the_next_steps_run(tmp_path):
     assert "| ops | failed |" in report and "(no op-benchmark result)" in report
 
 
+@pytest.mark.launches
 def test_a_step_past_its_timeout_is_stopped_and_reported(tmp_path):
     result, report, kit = run_kit(tmp_path, "--steps", "sync_cost", "--step-timeout", "0.5")
     assert result.returncode == 1

@@ -18,6 +18,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.launches
 def test_quick_run_checks_every_path_against_float64(tmp_path):
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
     result = subprocess.run(

@@ -7,6 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.launches
+
 LOAD = """
 from sglang.srt.plugins import load_plugins
 load_plugins()

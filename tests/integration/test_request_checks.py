@@ -328,6 +328,7 @@ print("PASSED", single.lora_path)
 """
 
 
+@pytest.mark.launches
 def test_a_patch_that_fails_half_way_is_rolled_back_whole(run_python):
     """The request checks apply whole or not at all, like every patch: when their last hook cannot
     be queued, the three queued before it and every earlier patch's steps are undone (the hooks pass

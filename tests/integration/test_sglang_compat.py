@@ -81,6 +81,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.launches
 def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reason(run_python, tiny_artifacts):
     """Nothing of the backend is registered; ``Engine(lora_backend="intel_xpu")`` and the CLI get the
     reason when the arguments are resolved instead of SGLang's ``Invalid backend`` / ``invalid
@@ -95,6 +96,7 @@ def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reas
     assert "not registering" not in result.stderr
 
 
+@pytest.mark.launches
 def test_without_hook_registry_the_reason_is_printed_at_load(run_python, tiny_artifacts):
     """Where even the refusal cannot be installed, the reason goes to stderr as before, and the
     backend stays unknown to SGLang."""
@@ -121,6 +123,7 @@ BROKEN_ROOT_CAUSE = (
 )
 
 
+@pytest.mark.launches
 def test_broken_kernel_install_is_named_once_with_its_import_error(run_python, broken_kernel):
     """``pkgutil.resolve_name`` turns the failed import into 'module sglang.srt.lora has no attribute
     lora_manager' for every symbol behind it; the guard names the import error once instead."""
@@ -139,6 +142,7 @@ def test_broken_kernel_install_is_named_once_with_its_import_error(run_python, b
     assert "has no sglang" not in result.stdout
 
 
+@pytest.mark.launches
 def test_sglang_serve_with_a_broken_kernel_exits_with_the_reason(tiny_artifacts, broken_kernel):
     """``sglang serve --lora-backend intel_xpu`` on that host: the reason, once in the log and as the
     one message the launcher exits with (status 1), instead of ``invalid choice: 'intel_xpu'`` or
@@ -250,6 +254,7 @@ def timing_plugin_site(tmp_path_factory):
     return site
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("keep_wrapped", [True, False], ids=["functools-wraps", "plain-wrapper"])
 def test_another_plugin_wrapping_a_checked_function(run_python, tiny_artifacts, timing_plugin_site, keep_wrapped):
     """In SGLang's own plugin loading: with ``__wrapped__`` kept, intel_xpu registers; without it,

@@ -10,6 +10,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.launches
+
 #: SGLang's ``sglang`` console script, run through its entry point (so that it works wherever SGLang
 #: is importable, also where the script itself is not next to this interpreter).
 SGLANG_CLI = (

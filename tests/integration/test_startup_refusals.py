@@ -177,6 +177,7 @@ def engine_env():
     return {**env, **serving.cpu_env("torch")}
 
 
+@pytest.mark.launches
 def test_the_real_engine_raises_in_the_caller_before_reading_the_weights(models, tmp_path):
     """``sglang.Engine(...)`` in a fresh process, on the copies whose weights are unreadable: each
     refusal is a ``ValueError`` (``BackendArgumentError``) raised in the caller with the true reason,
@@ -212,6 +213,7 @@ print("RESULT " + json.dumps(out))
     assert "safetensors" not in result.stderr.lower()
 
 
+@pytest.mark.launches
 def test_sglang_serve_ends_with_the_message_alone(models, tmp_path):
     paths = {**models["qwen2_moe"], "base": models["qwen2_moe"]["unreadable"]}
     argv = serving.server_argv(paths, ["shared"], serving.free_port(), log_level="info")

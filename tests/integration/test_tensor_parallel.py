@@ -24,6 +24,8 @@ import pytest
 
 from sglang_cpu_devsupport import serving
 
+pytestmark = pytest.mark.launches
+
 WORKER = textwrap.dedent(
     """
     import json, os, sys, types

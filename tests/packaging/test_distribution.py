@@ -17,7 +17,9 @@ without build isolation, with the environment's setuptools, as distributions bui
   environment's torch, SGLang and test stack but neither this checkout nor ``devsupport``, is what
   the non-e2e tests of the unpacked sdist import, and those tests pass there with networking off
   (a network namespace; only loopback is up) and the sdist's ``devsupport`` installed into a
-  directory named on ``PYTHONPATH`` (for the tests only).
+  directory named on ``PYTHONPATH`` (for the tests only): all of them but those marked
+  ``launches`` (SGLang in fresh processes, most of their time; the main run has them), and of
+  those a sample (``LAUNCHES_SAMPLE``).
 
 Marked ``e2e``, so ``-m "not e2e"`` (and the nested run itself) skips it.
 """
@@ -52,6 +54,18 @@ NOT_IN_SDIST = (".ci/", ".gitignore")
 DEV_INSTALLS = ("sglang_xpu_lora", "sglang_cpu_devsupport", "sgl_kernel", "__editable__")
 #: The host's console scripts that the tests start (``sglang serve``).
 HOST_CONSOLE_SCRIPTS = ("sglang",)
+#: The tests marked ``launches`` start SGLang, a benchmark or ``sglang-xpu-lora`` in fresh processes,
+#: seconds each (most of the non-e2e tests' time); the main run has them all. From the sdist these
+#: run again, for what a fresh process gets there: the wheel's console script, a real
+#: ``sglang.Engine(...)`` and ``sglang serve`` loading the wheel's plugin and the dev shims through
+#: their entry points (the shims from ``PYTHONPATH``), two processes joined over loopback in the
+#: network namespace.
+LAUNCHES_SAMPLE = (
+    "tests/integration/test_doctor.py::test_console_script_in_a_fresh_process",
+    "tests/integration/test_startup_refusals.py::test_the_real_engine_raises_in_the_caller_before_reading_the_weights",
+    "tests/integration/test_startup_refusals.py::test_sglang_serve_ends_with_the_message_alone",
+    "tests/integration/test_tensor_parallel.py::test_lora_layers_sharded_over_tp2_match_unsharded[portable]",
+)
 
 
 def run(argv, **kwargs) -> subprocess.CompletedProcess:
@@ -244,13 +258,17 @@ def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path)
     assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'lora_pool_snapshot', 'nan_adapter_slot', 'no_leftovers', 'sgl_kernel_emulator']", probe
     assert probe[3].startswith("offline") or not offline, probe
 
-    log = tmp_path / "pytest.log"
-    with open(log, "w") as out:
-        result = subprocess.run(
-            [*offline, fresh_python, "-m", "pytest", "-m", "not e2e", "-q", "-p", "no:cacheprovider", "-o", "addopts="],
-            cwd=unpacked, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=1500,
-        )
-    text = log.read_text()
-    assert result.returncode == 0, text[-6000:]
-    summary = [line for line in text.splitlines() if re.match(r"\d+ (passed|failed)", line)][-1]
-    assert re.fullmatch(r"\d+ passed, \d+ deselected(, \d+ warnings?)? in .*", summary), summary  # none skipped
+    summaries = {}
+    for name, selection in (("rest", ["-m", "not e2e and not launches"]), ("sample", LAUNCHES_SAMPLE)):
+        log = tmp_path / f"pytest-{name}.log"
+        with open(log, "w") as out:
+            result = subprocess.run(
+                [*offline, fresh_python, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+                cwd=unpacked, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=1500,
+            )
+        text = log.read_text()
+        assert result.returncode == 0, text[-6000:]
+        summaries[name] = [line for line in text.splitlines() if re.match(r"\d+ (passed|failed)", line)][-1]
+    # None skipped; the sample's tests all found.
+    assert re.fullmatch(r"\d+ passed, \d+ deselected(, \d+ warnings?)? in .*", summaries["rest"]), summaries
+    assert re.fullmatch(rf"{len(LAUNCHES_SAMPLE)} passed(, \d+ warnings?)? in .*", summaries["sample"]), summaries
