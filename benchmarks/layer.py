@@ -706,6 +706,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--best-of", nargs="+", metavar="RUN_JSON",
                         help="merge runs of one grid (their layer-<device>.json) into layer-<device>.json, best run per point and path")
+    parser.add_argument("--keep-other-modes", type=Path, metavar="EARLIER_JSON",
+                        help="with --best-of: keep this earlier result's points of the modes the runs did not measure")
     parser.add_argument(
         "--plot-only", type=Path, help="redraw the plot of an existing results JSON"
     )
@@ -719,6 +721,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         name = f"layer-{args.device}"
         extra = {k: v for k, v in runs[0].items() if k != "rows"}  # the GPU machine of the runs
         extra["runs"] = [r.get("machine", {}).get("date") for r in runs]
+        if args.keep_other_modes:  # an earlier result's points of the modes these runs did not measure
+            earlier = json.loads(args.keep_other_modes.read_text())
+            measured = {r["mode"] for r in rows}
+            kept = [r for r in earlier["rows"] if r["mode"] not in measured]
+            rows = [*rows, *kept]
+            extra["runs_of_other_modes"] = earlier.get("runs", [earlier["machine"].get("date")])
+            extra["modes_from_runs"] = sorted(measured)
         write(name, rows, COLUMNS, args.out, extra=extra)
         plot(rows, Path(args.out) / f"{name}.png")
         return

@@ -24,6 +24,11 @@ per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x groupe
     python -m benchmarks.plan_sweep --device xpu --out my.plans.json    # an Intel GPU (examples/xpu/measure.sh)
     python -m benchmarks.plan_sweep --quick                             # CPU smoke run (interpreter)
     bash benchmarks/run_plan_sweep_gpu.sh                               # on the H200: compile in parallel, then time
+    python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
+
+The sweep times each linear alone; a whole layer can prefer other plans (the route a layer builds
+once serves several linears). Where the layer benchmark measured SGLang's own plans faster,
+``--use-sglang-plans`` writes SGLang's plan into those rows (names ending ``.sglang``).
 
 Triton compiles each kernel specialisation once (seconds each; hundreds here): ``--compile-only
 --shard i/n`` runs fill its cache from several processes first, without timing anything.
@@ -183,6 +188,39 @@ def table_rows(points: list[dict]) -> list[dict]:
     return rows
 
 
+def spec_of(plan) -> dict:
+    """A ``DensePlan`` as a row's JSON ``spec``."""
+    return dict(a_family=plan.a_family.value, b_family=plan.b_family.value, overlap=plan.overlap.value,
+                block_size=plan.block_size, a_tiles=dict(plan.a_tiles), b_tiles=dict(plan.b_tiles))
+
+
+def use_sglang_plans(table: Path, architecture: str, where: list[str]) -> int:
+    """Rewrite the rows of ``table`` selected by ``where`` with SGLang's own plan for their point
+    (``DensePlanTable(architecture, pool rank)`` at the row's token bound, K and N), their names
+    suffixed ``.sglang``: for points where the layer benchmark measured SGLang's plans faster in a
+    whole layer than the sweep's per-linear winners. Each entry of ``where`` is
+    ``phase:pool_rank:tokens[:model]``. Returns the number of rows rewritten."""
+    from sglang.srt.lora.dense.plan import DenseLoraKind, DensePlanTable
+    from sglang.srt.lora.utils import Phase
+
+    selectors = [entry.split(":") for entry in where]
+    rows = json.loads(table.read_text())["rows"]
+    changed = 0
+    for row in rows:
+        for phase, rank, tokens, *model in selectors:
+            if (row["phase"], row["max_rank"], row["max_tokens"]) != (phase, int(rank), int(tokens)):
+                continue
+            if model and f".{model[0]}." not in row["name"]:
+                continue
+            plan = DensePlanTable(architecture, row["max_rank"]).plan_for(
+                DenseLoraKind.LINEAR, Phase(phase), row["max_tokens"], row["min_in_features"], row["min_out_features"])
+            row["spec"] = spec_of(plan)
+            row["name"] = row["name"].removesuffix(".sglang") + ".sglang"
+            changed += 1
+    table.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    return changed
+
+
 def grid(args) -> list[tuple]:
     """``(model, linear, pool rank, tokens, phase)`` of the run."""
     if args.quick:
@@ -216,8 +254,18 @@ def main(argv=None) -> None:
     parser.add_argument("--shard", default="0/1", help="i/n: only every n-th point from the i-th (parallel compile runs)")
     parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting points after this")
     parser.add_argument("--out", help="the plan table to write (default: the shipped table of the device family)")
+    parser.add_argument("--use-sglang-plans", nargs="+", metavar="PHASE:POOL_RANK:TOKENS[:MODEL]",
+                        help="rewrite these rows of --out with SGLang's plans (of --architecture) and exit: the points where "
+                             "the layer benchmark measured SGLang's plans faster in a whole layer")
+    parser.add_argument("--architecture", default="sm90", help="SGLang's table for --use-sglang-plans")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args(argv)
+    if args.use_sglang_plans:
+        from sglang_xpu_lora.dense.plans import CONFIG_DIR
+
+        table = Path(args.out) if args.out else CONFIG_DIR / f"{args.architecture}.plans.json"
+        print(f"{use_sglang_plans(table, args.architecture, args.use_sglang_plans)} rows of {table} now SGLang's plans")
+        return
     if args.quick:
         args.device = "cpu"
     device = torch.device(args.device)
