@@ -5,6 +5,8 @@ anything heavy is imported.
 * :data:`KERNELS_ENV`: which provider runs the LoRA ops (:mod:`sglang_xpu_lora.providers.selection`).
 * :data:`GRAPH_NATIVE_ENV`: whether native ops run inside graphs: ``probe`` (default, decided by a
   trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
+* :data:`EAGER_DENSE_MIN_TOKENS_ENV`: from how many tokens an eager batch runs its linears on the
+  dense tier (:mod:`sglang_xpu_lora.backend.xpu`; default 4096, 1: every batch).
 * :data:`PLANS_ENV`: a dense-tier plan table file read before the shipped ones
   (:mod:`sglang_xpu_lora.dense.plans`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load
@@ -22,6 +24,7 @@ KERNELS_ENV = "SGLANG_XPU_LORA_KERNELS"
 GRAPH_NATIVE_ENV = "SGLANG_XPU_LORA_GRAPH_NATIVE"
 ADAPTER_CHECKS_ENV = "SGLANG_XPU_LORA_ADAPTER_CHECKS"
 PLANS_ENV = "SGLANG_XPU_LORA_PLANS"
+EAGER_DENSE_MIN_TOKENS_ENV = "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS"
 STARTUP_REPORT_ENV = "SGLANG_XPU_LORA_STARTUP_REPORT"
 STARTUP_LAUNCHER_ENV = "SGLANG_XPU_LORA_STARTUP_LAUNCHER"
 
@@ -38,4 +41,22 @@ def env_choice(name: str, choices: tuple[str, ...], advice: str = "") -> str:
     value = (raw or "").strip().lower() or choices[0]
     if value not in choices:
         raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}" + (f"; {advice}" if advice else ""))
+    return value
+
+
+def env_count(name: str, default: int) -> int:
+    """The environment variable ``name`` as a positive integer, ``default`` when unset or empty.
+
+    Raises:
+        ValueError: for anything but a positive integer, naming the variable and the value as set.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} is not a positive integer; unset it for the default ({default})")
     return value

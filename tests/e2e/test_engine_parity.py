@@ -43,6 +43,8 @@ CONFIGS = {
     "native-full": ({"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"}, GEMM_OPS | CHUNKED_OPS),
     # SGLang's Triton kernels in Triton's interpreter, on SGLang's packed pool with the real ranks.
     "triton": ({"SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1"}, None),
+    # The dense tier (SGLang's triton_v2 kernels behind forward_with_base) for every batch's linears.
+    "dense": ({"SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1"}, None),
 }
 
 

@@ -49,6 +49,8 @@ ADAPTERS = [*tiny_model.ADAPTER_NAMES, EMB]  # sql-r8, doc-r16, qv-r4, emb-head-
 PROVIDERS = {
     "portable": {"SGLANG_XPU_LORA_KERNELS": "torch"},
     "native": {"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"},
+    # The dense tier for every batch's linears: one collective of base + LoRA per row-parallel linear.
+    "dense": {"SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1"},
 }
 #: Every op of the emulated full build that this model's adapters use, the embedding's included.
 FULL_BUILD_OPS = {
@@ -151,9 +153,11 @@ def expected_slots(adapter_dir, base_dir, rank: int, shapes: dict) -> dict:
     return expected
 
 
-def slice_mismatches(snapshots: dict, tiny_artifacts) -> list[str]:
+def slice_mismatches(snapshots: dict, tiny_artifacts, live_only: bool = False) -> list[str]:
     """Every pool entry of every rank (``snapshots``: rank -> ``pool_snapshot`` file contents) that
-    differs from :func:`expected_slots`, and every expected entry that is missing."""
+    differs from :func:`expected_slots`, and every expected entry that is missing. ``live_only``:
+    compare only where the expected slice is nonzero (a pool whose slots are not zeroed before a
+    load keeps what the slot's previous adapter left past the new adapter's rank)."""
     mismatches = []
     for rank, snapshot in snapshots.items():
         shapes = {key: tuple(tensor.shape) for key, tensor in snapshot.items()}
@@ -163,7 +167,10 @@ def slice_mismatches(snapshots: dict, tiny_artifacts) -> list[str]:
                 if not key.startswith(name + "/"):
                     continue
                 want = expected.pop(key, torch.zeros(tensor.shape))  # modules the adapter lacks are empty
-                if not torch.equal(tensor.float(), want):
+                got = tensor.float()
+                if live_only:
+                    got, want = got[want != 0], want[want != 0]
+                if not torch.equal(got, want):
                     mismatches.append(f"rank {rank} {key}: max |Δ| {float((tensor.float() - want).abs().max()):.3g}")
             mismatches += [f"rank {rank} {key}: missing" for key in expected]
     return mismatches
@@ -173,14 +180,14 @@ def read_snapshots(directory) -> dict:
     return {rank: load_file(directory / f"rank{rank}.safetensors") for rank in range(TP)}
 
 
-def assert_each_rank_holds_its_slice(snapshots, tiny_artifacts, must_hold):
+def assert_each_rank_holds_its_slice(snapshots, tiny_artifacts, must_hold, live_only=False):
     """Both ranks hold the same adapters, ``must_hold`` among them, and each rank's slots equal its
-    slices of the PEFT tensors; with the two ranks' snapshots swapped the check fails for every
-    adapter (so it tells the ranks apart)."""
+    slices of the PEFT tensors (``live_only``: :func:`slice_mismatches`); with the two ranks'
+    snapshots swapped the check fails for every adapter (so it tells the ranks apart)."""
     resident = {key.split("/")[0] for key in snapshots[0]}
     assert resident == {key.split("/")[0] for key in snapshots[1]} and resident >= set(must_hold), resident
-    assert slice_mismatches(snapshots, tiny_artifacts) == []
-    swapped = slice_mismatches({0: snapshots[1], 1: snapshots[0]}, tiny_artifacts)
+    assert slice_mismatches(snapshots, tiny_artifacts, live_only) == []
+    swapped = slice_mismatches({0: snapshots[1], 1: snapshots[0]}, tiny_artifacts, live_only)
     assert {line.split()[2].split("/")[0] for line in swapped} == resident, swapped
 
 
@@ -216,9 +223,11 @@ def test_engine_ops_ran_on_the_expected_provider(engine_run):
 
 
 def test_engine_ranks_hold_their_slices(engine_run, tiny_artifacts):
-    """After the last batch, whose adapters (embedding and lm_head LoRA, rank 16, rank 8) are resident."""
-    _, _, _, snapshots = engine_run
-    assert_each_rank_holds_its_slice(snapshots, tiny_artifacts, {EMB, "doc-r16", "sql-r8"})
+    """After the last batch, whose adapters (embedding and lm_head LoRA, rank 16, rank 8) are resident.
+    With SGLang's Triton kernels alone (``dense``) the plugin does not zero slots before a load (the
+    kernels read only each slot's real rank), so there only the adapters' own entries are compared."""
+    provider, _, _, snapshots = engine_run
+    assert_each_rank_holds_its_slice(snapshots, tiny_artifacts, {EMB, "doc-r16", "sql-r8"}, live_only=provider == "dense")
 
 
 def generate(url, tokenizer, prompt, lora):

@@ -36,14 +36,17 @@ class Layer:
 
 @pytest.fixture
 def backend_for(monkeypatch, sglang_plugins_loaded):
-    """``make(kernels, eager_dense_min_tokens=1)``: the backend with ``SGLANG_XPU_LORA_KERNELS=kernels``;
-    eager batches from ``eager_dense_min_tokens`` tokens on run the dense tier (the tests' small
-    batches, unless a test asks for the shipped threshold)."""
+    """``make(kernels, eager_dense_min_tokens="1")``: the backend with ``SGLANG_XPU_LORA_KERNELS=kernels``
+    and ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` (None: unset, the shipped threshold); with 1 the
+    tests' small eager batches run the dense tier."""
     from sglang_xpu_lora.backend import xpu
 
-    def make(kernels, eager_dense_min_tokens=1):
+    def make(kernels, eager_dense_min_tokens="1"):
         monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
-        monkeypatch.setattr(xpu, "EAGER_DENSE_MIN_TOKENS", eager_dense_min_tokens)
+        if eager_dense_min_tokens is None:
+            monkeypatch.delenv("SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS", eager_dense_min_tokens)
         return xpu.IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
 
     return make
@@ -113,7 +116,8 @@ def test_small_eager_batches_run_per_op_and_graph_batches_dense(backend_for):
     ones launch from less Python on the per-op tier); inside graphs it takes every batch."""
     from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
 
-    backend = backend_for("triton", eager_dense_min_tokens=EAGER_DENSE_MIN_TOKENS)
+    backend = backend_for("triton", eager_dense_min_tokens=None)  # the shipped threshold
+    assert backend.eager_dense_min_tokens == EAGER_DENSE_MIN_TOKENS
     backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[5, 3]), [1, 2], RANKS, SCALINGS, False)
     assert not backend.dense_batch
     backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[EAGER_DENSE_MIN_TOKENS - 1, 1]), [1, 2], RANKS, SCALINGS, False)
@@ -121,6 +125,12 @@ def test_small_eager_batches_run_per_op_and_graph_batches_dense(backend_for):
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
     backend.prepare_lora_batch(forward_batch("DECODE", 2), [2, 1], RANKS, SCALINGS, True)
     assert backend.dense_batch
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_bad_eager_threshold_is_refused_naming_the_variable(backend_for, value):
+    with pytest.raises(ValueError, match=f"SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS='{value}' is not a positive integer"):
+        backend_for("triton", eager_dense_min_tokens=value)
 
 
 def test_the_embedding_and_lm_head_stay_on_the_per_op_tier(backend_for):

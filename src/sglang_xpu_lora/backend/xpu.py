@@ -77,12 +77,14 @@ from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace, fork_join_captu
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
 from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
+from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
 
 
 logger = logging.getLogger(__name__)
 
 #: Outside graphs, batches of at least this many tokens run their linears on the dense tier; smaller
-#: ones on the per-op tier (:meth:`IntelXpuLoRABackend.dense_serves`).
+#: ones on the per-op tier (:meth:`IntelXpuLoRABackend.dense_serves`); ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS``
+#: overrides it.
 EAGER_DENSE_MIN_TOKENS = 4096
 
 
@@ -143,6 +145,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             self.dense.workspace.overlap_in_graphs = torch.device(self.device).type == "cuda"
         #: Whether the current batch's linears run on the dense tier (set per batch).
         self.dense_batch = False
+        #: From how many tokens an eager batch runs on the dense tier (:meth:`dense_serves`).
+        self.eager_dense_min_tokens = env_count(EAGER_DENSE_MIN_TOKENS_ENV, EAGER_DENSE_MIN_TOKENS)
         logger.info("%s", built_line(self.name, device, self.op_selection, self.dense))
 
     # --- the pool layout this backend's ops need -----------------------------------------------
@@ -288,13 +292,14 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """Whether the linears of a batch of ``tokens`` rows outside (``use_graph`` False) or inside
         graphs run on the dense tier: where the selection would run SGLang's Triton kernels
         (:meth:`dense_serves_choice`; the native and portable ops stay per op), inside graphs always,
-        outside them from :data:`EAGER_DENSE_MIN_TOKENS` rows on (below it the per-op Triton kernels
+        outside them from :attr:`eager_dense_min_tokens` rows on (:data:`EAGER_DENSE_MIN_TOKENS`
+        unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the per-op Triton kernels
         launch from less Python: on an H200 the dense tier took 2.0-2.2x their layer time at 512
         prefill tokens and 2.6-3.4x in eager decode, and 0.54-0.95x at 8192 tokens;
         ``benchmarks/results/layer-cuda.json``, docs/performance.md)."""
         if self.dense is None or not self.dense_serves_choice(use_graph):
             return False
-        return use_graph or tokens >= EAGER_DENSE_MIN_TOKENS
+        return use_graph or tokens >= self.eager_dense_min_tokens
 
     def reset_routing_cache(self) -> None:
         """SGLang's per-forward route reset (before every graph warm-up and capture forward), for the
