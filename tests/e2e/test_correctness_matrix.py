@@ -56,13 +56,35 @@ def provider(request):
     return request.param
 
 
+def dynamic_rounds(tiny_artifacts):
+    """Unload an adapter, load other weights under its name, load a new name, between batches."""
+    return [
+        [(P0, "sql-r8"), (P1, "doc-r16")],
+        {"unload": {"lora_name": "sql-r8"}},
+        [(P1, "doc-r16")],
+        {"load": {"lora_name": "sql-r8", "lora_path": str(tiny_artifacts["doc-r16"])}},  # other weights, same name
+        [(P0, "sql-r8"), (P2, None)],
+        {"load": {"lora_name": "late-qv", "lora_path": str(tiny_artifacts["qv-r4"])}},
+        [(P2, "late-qv")],
+    ]
+
+
 @pytest.fixture(scope="module")
-def shapes_run(provider, run_engine):
+def engine_run(provider, run_engine, tiny_artifacts):
+    """One engine per provider (``--chunked-prefill-size 16``): the shapes rounds, then the dynamic
+    load/unload rounds (an engine start saved; the shapes rounds come first, so they are what a
+    fresh engine answers)."""
+    rounds = list(ROUNDS.values())
     results, _ = run_engine(
-        f"shapes-{provider}", list(ROUNDS.values()), PROVIDERS[provider],
+        f"shapes-{provider}", rounds + dynamic_rounds(tiny_artifacts), PROVIDERS[provider],
         engine={"chunked_prefill_size": 16}, adapters=ADAPTERS,
     )
-    return dict(zip(ROUNDS, results))
+    return dict(zip(ROUNDS, results)), results[len(rounds):]
+
+
+@pytest.fixture(scope="module")
+def shapes_run(engine_run):
+    return engine_run[0]
 
 
 @pytest.mark.parametrize("scenario", list(ROUNDS))
@@ -73,13 +95,27 @@ def test_batch_scenarios(shapes_run, scenario, hf_reference):
     assert_matches_reference(shapes_run[scenario], hf_reference)
 
 
-@pytest.fixture(scope="module", params=["lru", "fifo"])
-def eviction_run(request, provider, run_engine):
-    results, _ = run_engine(
-        f"evict-{request.param}-{provider}", EVICTION_ROUNDS, PROVIDERS[provider],
-        engine={"max_loras_per_batch": 2, "lora_eviction_policy": request.param}, adapters=ADAPTERS,
-    )
-    return results
+@pytest.fixture(scope="module")
+def eviction_runs(provider, run_engine):
+    """``run(policy)``: the eviction rounds' results, one engine per policy, started on first use.
+    A cache, not a module-scoped parametrized fixture: two of those (provider, policy) let pytest
+    interleave the providers, and each switch back started the provider's engines again."""
+    results = {}
+
+    def run(policy):
+        if policy not in results:
+            results[policy], _ = run_engine(
+                f"evict-{policy}-{provider}", EVICTION_ROUNDS, PROVIDERS[provider],
+                engine={"max_loras_per_batch": 2, "lora_eviction_policy": policy}, adapters=ADAPTERS,
+            )
+        return results[policy]
+
+    return run
+
+
+@pytest.fixture(params=["lru", "fifo"])
+def eviction_run(request, eviction_runs):
+    return eviction_runs(request.param)
 
 
 def test_slot_reuse_and_eviction(eviction_run, shapes_run, hf_reference):
@@ -98,19 +134,11 @@ def test_different_target_modules_do_not_leak(eviction_run, hf_reference):
     assert_matches_reference(eviction_run[1], hf_reference)
 
 
-def test_dynamic_load_and_unload_through_the_engine_api(provider, run_engine, tiny_artifacts, hf_reference):
-    """Unload an adapter, load other weights under its name, load a new name, between batches."""
-    rounds = [
-        [(P0, "sql-r8"), (P1, "doc-r16")],
-        {"unload": {"lora_name": "sql-r8"}},
-        [(P1, "doc-r16")],
-        {"load": {"lora_name": "sql-r8", "lora_path": str(tiny_artifacts["doc-r16"])}},  # other weights, same name
-        [(P0, "sql-r8"), (P2, None)],
-        {"load": {"lora_name": "late-qv", "lora_path": str(tiny_artifacts["qv-r4"])}},
-        [(P2, "late-qv")],
-    ]
-    results, _ = run_engine(f"dynamic-{provider}", rounds, PROVIDERS[provider], adapters=ADAPTERS)
-    assert all(results[i]["success"] for i in (1, 3, 5)), results
+def test_dynamic_load_and_unload_through_the_engine_api(engine_run, hf_reference):
+    """Unload an adapter, load other weights under its name, load a new name, between batches
+    (``dynamic_rounds``, after the shapes rounds in the same engine)."""
+    results = engine_run[1]
+    assert len(results) == 7 and all(results[i]["success"] for i in (1, 3, 5)), results
     assert_matches_reference(results[0], hf_reference)
     assert_matches_reference(results[2], hf_reference)
     assert results[4][(P0, "sql-r8")]["output_ids"] == hf_reference(P0, "doc-r16")[1]
