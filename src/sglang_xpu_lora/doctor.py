@@ -139,7 +139,38 @@ def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
     else:
         report["ops"] = op_rows(selection)
         report["pool_layout"] = selection.pool_layout
+        try:
+            report["dense_tier"] = dense_tier_report(selection, device)
+        except ValueError as exc:  # a bad plan table or threshold: the server would refuse to start
+            report["problems"].append(str(exc))
     add_adapter_checks(report)
+
+
+def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
+    """Where the linears run on the dense tier (SGLang's ``triton_v2`` kernels; :mod:`sglang_xpu_lora.dense`):
+    the modes whose shrink the selection gives to SGLang's Triton kernels, the eager token threshold,
+    and the plan tables read, in order; None when the dense tier serves no batch.
+
+    Raises:
+        ValueError: a bad ``SGLANG_XPU_LORA_PLANS`` table or ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS``.
+    """
+    import torch
+
+    from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
+    from sglang_xpu_lora.dense.plans import PlanTable, sglang_architecture
+    from sglang_xpu_lora.providers import triton_ops
+    from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
+
+    modes = [mode for mode, use_graph in (("eager", False), ("graphs", True))
+             if selection.choices_for(use_graph)["sgemm_lora_a_fwd"].provider is triton_ops.PROVIDER]
+    if not modes:
+        return None
+    device = torch.device(device)
+    return {
+        "modes": modes,
+        "eager_min_tokens": env_count(EAGER_DENSE_MIN_TOKENS_ENV, EAGER_DENSE_MIN_TOKENS),
+        "plans": PlanTable(device, sglang_architecture(device)).sources,
+    }
 
 
 def render_torch(report: dict[str, Any]) -> list[str]:
@@ -173,6 +204,13 @@ def render_ops_section(report: dict[str, Any]) -> list[str]:
     lines += render_ops(report["ops"])
     if "pool_layout" in report:
         lines.append(f"LoRA pool layout: {report['pool_layout']}")
+    dense = report.get("dense_tier")
+    if dense:
+        where = " and ".join(
+            "inside graphs" if mode == "graphs" else f"outside graphs from {dense['eager_min_tokens']} tokens"
+            for mode in dense["modes"]
+        )
+        lines += wrap(f"Linears on the dense tier (SGLang's triton_v2 kernels) {where}; plans from {', '.join(dense['plans'])}")
     probe = report.get("graph_probe")
     if isinstance(probe, list):
         lines.append(f"Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")

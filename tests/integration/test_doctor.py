@@ -100,10 +100,26 @@ def test_triton_mode(capsys, monkeypatch, sglang_plugins_loaded):
     assert report["pool_layout"] == "SGLang's packed layout at real ranks"
     assert all("interpreter (TRITON_INTERPRET=1)" in op["reason"] for op in report["ops"])
     status, text = run_doctor(capsys)
-    assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed layout at real ranks Capture probe:" in text
+    assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed layout at real ranks Linears" in text
+    assert report["dense_tier"] == {"modes": ["eager", "graphs"], "eager_min_tokens": 4096, "plans": ["SGLang's default"]}
+    assert ("Linears on the dense tier (SGLang's triton_v2 kernels) outside graphs from 4096 tokens and inside graphs; "
+            "plans from SGLang's default Capture probe:") in text
     monkeypatch.delenv("TRITON_INTERPRET")
     status, text = run_doctor(capsys)
     assert status == 1 and "=triton: SGLang's Triton LoRA kernels cannot run on device cpu" in text
+
+
+def test_a_bad_plan_table_is_a_problem_the_server_would_meet(capsys, monkeypatch, tmp_path, sglang_plugins_loaded):
+    """The dense tier's plan table is read as the backend reads it: a bad row fails the doctor."""
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
+    bad = tmp_path / "bad.plans.json"
+    bad.write_text(json.dumps({"rows": [{"name": "r", "max_tokens": "many"}]}))
+    monkeypatch.setenv("SGLANG_XPU_LORA_PLANS", str(bad))
+    status, report = run_doctor(capsys, "--json")
+    assert status == 1 and any(str(bad) in problem and "'r'" in problem for problem in report["problems"]), report["problems"]
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")  # no Triton op: no dense tier, no table read
+    status, report = run_doctor(capsys, "--json")
+    assert status == 0 and report["dense_tier"] is None
 
 
 @pytest.mark.parametrize("kernels, status", [("auto", 1), ("torch", 0)])

@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 from sglang.srt.lora.dense.plan import AFamily, BFamily, DenseLoraKind, DensePlan, DensePlanTable, Overlap
-from sglang.srt.lora.utils import Phase
+from sglang.srt.lora.utils import Phase, architecture_for_capability
 
 from sglang_xpu_lora.settings import PLANS_ENV
 
@@ -53,6 +53,15 @@ def device_family(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm{major}{minor}"
     return device.type
+
+
+def sglang_architecture(device: torch.device) -> str:
+    """The name of SGLang's plan table for ``device``, as ``DenseLoraRunner`` picks it: by compute
+    capability on CUDA (``architecture_for_capability``: ``sm90``, ``sm100``), ``default`` elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return architecture_for_capability(torch.cuda.get_device_capability(device)[0])
+    return "default"
 
 
 def plan_from_spec(spec: dict) -> DensePlan:
