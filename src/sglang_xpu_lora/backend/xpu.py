@@ -1,5 +1,18 @@
 """``IntelXpuLoRABackend``: SGLang's Triton LoRA batch bookkeeping, the selected providers' LoRA math.
 
+SGLang hands every LoRA'd layer to the backend in one call, ``forward_with_base`` (its layers in
+``srt/lora/layers.py``); behind it are two tiers (:meth:`IntelXpuLoRABackend.forward_with_base`):
+
+* the **dense tier** (:mod:`sglang_xpu_lora.dense`): SGLang's ``triton_v2`` kernels per linear,
+  overlapped with the base GEMM, plans from a table per device family, for the linears of graph
+  batches and of eager batches from ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` tokens, wherever the
+  selection names SGLang's Triton kernels (:meth:`IntelXpuLoRABackend.dense_serves`);
+* the **per-op tier**, described below: the layer's ``apply_lora`` calls the ``run_*`` methods,
+  each routed to one op of the provider selected for it; it serves everything else (smaller eager
+  batches, the embedding, lm_head, native and portable ops).
+
+At TP > 1 both make one collective of base + LoRA per row-parallel linear.
+
 The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is not math:
 ``prepare_lora_batch`` (per-request segments for extend, TARGET_VERIFY through
 ``spec_info.draft_token_num``, per-slot routing with a permutation for decode), decode and prefill
