@@ -158,11 +158,9 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
 
     from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
     from sglang_xpu_lora.dense.plans import PlanTable, sglang_architecture
-    from sglang_xpu_lora.providers import triton_ops
     from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
 
-    modes = [mode for mode, use_graph in (("eager", False), ("graphs", True))
-             if selection.choices_for(use_graph)["sgemm_lora_a_fwd"].provider is triton_ops.PROVIDER]
+    modes = [mode for mode, use_graph in (("eager", False), ("graphs", True)) if selection.dense_tier_serves(use_graph)]
     if not modes:
         return None
     device = torch.device(device)

@@ -171,7 +171,7 @@ def slice_mismatches(snapshots: dict, tiny_artifacts, live_only: bool = False) -
                 if live_only and got.shape == want.shape:
                     got, want = got[want != 0], want[want != 0]
                 if not torch.equal(got, want):
-                    mismatches.append(f"rank {rank} {key}: max |Δ| {float((tensor.float() - want).abs().max()):.3g}")
+                    mismatches.append(f"rank {rank} {key}: max |Δ| {float((got - want).abs().max()) if got.shape == want.shape else 'shape'}")
             mismatches += [f"rank {rank} {key}: missing" for key in expected]
     return mismatches
 

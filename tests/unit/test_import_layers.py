@@ -23,8 +23,8 @@ LAYERS = (
     # leaves: what SGLang offers (the symbol table and its guard), the backend registry, the
     # environment variables' names; none imports torch or SGLang at import time
     ("upstream", "registry", "settings", "__init__"),
-    # the math and the adapter checks: LoRA ops and their selection, PEFT adapters
-    ("providers", "adapters"),
+    # the math and the adapter checks: LoRA ops and their selection, the dense tier, PEFT adapters
+    ("providers", "adapters", "dense"),
     # the changes to SGLang (the patch ledger and its hooks)
     ("patches",),
     # the backend SGLang instantiates, and its entry-point declaration

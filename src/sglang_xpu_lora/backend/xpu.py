@@ -88,7 +88,7 @@ from sglang_xpu_lora.backend.route_table import RouteTable
 from sglang_xpu_lora.dense.runner import DeviceDenseRunner
 from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace, fork_join_captures
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
-from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_ops, triton_support
+from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
 from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
 
@@ -149,7 +149,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._pool_check_pending = False
         #: The dense tier (:mod:`sglang_xpu_lora.dense`): SGLang's ``triton_v2`` kernels behind
         #: :meth:`forward_with_base`, for the linears of batches whose shrink the selection gives to
-        #: SGLang's Triton kernels (:meth:`dense_serves`); None where Triton does not run.
+        #: SGLang's Triton kernels (:meth:`dense_serves`); None where the selection never does.
         self.dense = (
             DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=max_loras_per_batch, device=self.device)
             if self._triton_selected() else None
@@ -293,24 +293,20 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             )
 
     def _triton_selected(self) -> bool:
-        """Whether the selection gives the shrink to SGLang's Triton kernels in either mode."""
-        return any(self.dense_serves_choice(use_graph) for use_graph in (False, True))
-
-    def dense_serves_choice(self, use_graph: bool) -> bool:
-        """Whether the op selection gives the linears' shrink to SGLang's Triton kernels outside
-        (``use_graph`` False) or inside graphs: the dense tier's place."""
-        return self.op_selection.choices_for(use_graph)["sgemm_lora_a_fwd"].provider is triton_ops.PROVIDER
+        """Whether the selection puts the linears on the dense tier in either mode."""
+        return any(self.op_selection.dense_tier_serves(use_graph) for use_graph in (False, True))
 
     def dense_serves(self, use_graph: bool, tokens: int) -> bool:
         """Whether the linears of a batch of ``tokens`` rows outside (``use_graph`` False) or inside
         graphs run on the dense tier: where the selection would run SGLang's Triton kernels
-        (:meth:`dense_serves_choice`; the native and portable ops stay per op), inside graphs always,
+        (:meth:`~sglang_xpu_lora.providers.OpSelection.dense_tier_serves`; the native and portable
+        ops stay per op), inside graphs always,
         outside them from :attr:`eager_dense_min_tokens` rows on (:data:`EAGER_DENSE_MIN_TOKENS`
         unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the per-op Triton kernels
         launch from less Python: on an H200 the dense tier took 2.0-2.2x their layer time at 512
         prefill tokens and 2.6-3.4x in eager decode, and 0.54-0.95x at 8192 tokens;
         ``benchmarks/results/layer-cuda.json``, docs/performance.md)."""
-        if self.dense is None or not self.dense_serves_choice(use_graph):
+        if self.dense is None or not self.op_selection.dense_tier_serves(use_graph):
             return False
         return use_graph or tokens >= self.eager_dense_min_tokens
 

@@ -269,6 +269,9 @@ class Provider:
             a provider that ``may_sync_with_host`` (:data:`.selection.EAGER_DECODE_AVOIDS_HOST_SYNCS`).
         last_resort: it runs anywhere and serves what nothing else serves (slowly): choosing it
             is logged as a warning, and it alone never lets ``intel_xpu`` run off ``xpu``.
+        serves_dense_tier: where the selection gives it the linears' shrink, the backend runs
+            those linears on the dense tier instead (:mod:`sglang_xpu_lora.dense`: SGLang's
+            ``triton_v2`` kernels, which run wherever its Triton kernels run).
         caches_routing: its ops take a keyword-only ``routing``, the batch's
             :class:`~.torch_routing.cache.RoutingCache`, so each batch's routing is computed once
             for all of its layers (:mod:`.batch_binding` passes one per batch).
@@ -284,6 +287,7 @@ class Provider:
     avoids_host_syncs_in_eager_decode: bool = False
     last_resort: bool = False
     caches_routing: bool = False
+    serves_dense_tier: bool = False
 
     def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
         """An :class:`Offer` per op of :data:`OP_NAMES` on a device of type ``device_kind`` (None:

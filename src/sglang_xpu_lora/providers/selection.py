@@ -184,6 +184,11 @@ class OpSelection:
         (provider, *others) = {self.choices_for(use_graph)[op].provider for op in DECODE_OPS}
         return None if others else provider.chunked_decode_kernels()
 
+    def dense_tier_serves(self, use_graph: bool) -> bool:
+        """Whether the linears of batches outside (``use_graph`` False) or inside graphs belong on the
+        dense tier: the provider of their shrink says so (:attr:`.base.Provider.serves_dense_tier`)."""
+        return self.choices_for(use_graph)["sgemm_lora_a_fwd"].provider.serves_dense_tier
+
     def for_graph(self, use_graph: bool) -> LoRAOpsProvider:
         return self.graph if use_graph else self.eager
 

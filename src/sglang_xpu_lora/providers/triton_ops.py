@@ -273,5 +273,5 @@ class TritonProvider(Provider):
 
 PROVIDER = TritonProvider(
     name="triton", title="Triton", contracts_over_max_rank=False, expands_read_spaced_slices=False,
-    shrink_feeds_only_own_expands=True, avoids_host_syncs_in_eager_decode=True,
+    shrink_feeds_only_own_expands=True, avoids_host_syncs_in_eager_decode=True, serves_dense_tier=True,
 )
