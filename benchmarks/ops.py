@@ -68,8 +68,6 @@ from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, captur
 from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
-#: Decode batches from which the chunked-SGMV kernels are also timed (intel_xpu_chunked).
-CHUNKED_MIN_TOKENS = 64
 PREFILL_REQUEST_TOKENS = 512
 #: A layer small enough for Triton's interpreter on CPU (the --quick smoke run only).
 TINY = ModelShape("tiny", hidden=32, q=32, kv=16, intermediate=48)
@@ -236,15 +234,13 @@ class Case:
             fb.extend_seq_lens = torch.tensor(self.request_lens, dtype=torch.int32, device=self.device)
         return fb
 
-    def backend_fn(self, backend_name: str, chunked_min_tokens: Optional[int] = None) -> Callable[[str], torch.Tensor]:
+    def backend_fn(self, backend_name: str) -> Callable[[str], torch.Tensor]:
         """The layer through a whole LoRA backend on SGLang's packed pool, after its
         ``prepare_lora_batch`` of the case's batch: ``intel_xpu`` (``IntelXpuLoRABackend`` as
-        ``auto`` selects it on a device without native kernels: SGLang's Triton kernels, with the
-        chunked-SGMV kernels from ``chunked_min_tokens`` decode tokens on) or ``triton`` (SGLang's
-        ``TritonLoRABackend``). Each module is called as SGLang's LoRA layers call the backend."""
+        ``auto`` selects it on a device without native kernels: SGLang's Triton kernels) or
+        ``triton`` (SGLang's ``TritonLoRABackend``). Each module is called as SGLang's LoRA layers call the backend."""
         from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 
-        from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
         from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
         if backend_name == "triton":
@@ -253,7 +249,6 @@ class Case:
             with kernels_env("triton"):  # auto's choice on a GPU without sgl-kernel-xpu (and on CPU for smoke runs)
                 backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=self.device)
             backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=self.rank)
-            backend.chunked_decode_rule = ChunkedDecodeRule(min_tokens=chunked_min_tokens)
         ranks, scalings = [self.real_rank] * MAX_LORAS, self.scalings.tolist()
         backend.prepare_lora_batch(self.forward_batch(), list(self.request_slots), ranks, scalings, False)
 
@@ -489,7 +484,7 @@ def run(args) -> list[dict]:
                     row[f"{peer}_graph_ms"] = replay_time(graph(layer(fn, case), device), device)[0] * 1e3
                     if "portable_graph_ms" in row:
                         row[f"graph_ratio_vs_{peer}"] = row["portable_graph_ms"] / row[f"{peer}_graph_ms"]
-            for tier in ("intel_xpu", "intel_xpu_eager", "intel_xpu_chunked"):
+            for tier in ("intel_xpu", "intel_xpu_eager"):
                 if graphs and f"{tier}_graph_ms" in row:
                     row[f"{tier}_graph_vs_best_peer"] = row[f"{tier}_graph_ms"] / min(row["triton_graph_ms"], row["csgmv_graph_ms"])
                 if f"{tier}_ms" in row:
@@ -528,17 +523,13 @@ def intel_xpu_tier(case: Case, selection, device: torch.device, seconds: float, 
 def backend_tiers(case: Case, device: torch.device, args, graphs: bool) -> dict:
     """Times of whole backends through their ``run_*`` methods, best of ``args.repeats``:
     ``intel_xpu_eager`` (``IntelXpuLoRABackend``, what a user of ``intel_xpu`` gets without native
-    kernels, every per-op step included), ``triton_backend`` (SGLang's ``TritonLoRABackend``), and
-    for decode batches of ``CHUNKED_MIN_TOKENS`` or more ``intel_xpu_chunked`` (``intel_xpu`` with
-    its chunked-SGMV kernels forced on, the evidence for its :class:`ChunkedDecodeRule`); on CUDA
-    also graph-captured (``*_graph_ms``). ``*_max_error``: as :func:`triton_tiers`."""
+    kernels, every per-op step included) and ``triton_backend`` (SGLang's ``TritonLoRABackend``);
+    on CUDA also graph-captured (``*_graph_ms``). ``*_max_error``: as :func:`triton_tiers`."""
     if device.type == "cpu":  # SGLang's batch preparation pins host memory: a no-op without an accelerator
         from sglang_cpu_devsupport import pin_memory
 
         pin_memory.register()
     tiers = {"intel_xpu_eager": case.backend_fn("intel_xpu"), "triton_backend": case.backend_fn("triton")}
-    if case.mode == "decode" and case.tokens >= CHUNKED_MIN_TOKENS:
-        tiers["intel_xpu_chunked"] = case.backend_fn("intel_xpu", chunked_min_tokens=1)
     result = {}
     reference = {name: reference_output(case, name) for name in case.weights}
     for tier, fn in tiers.items():
@@ -629,13 +620,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     name = f"ops-{args.device}" + ("-quick" if args.quick else "")
     columns = ["model", "mode", "rank", "real_rank", "adapters", "tokens", "portable_ms", "torch_native_ms", "speedup_vs_torch_native"]
     if any("intel_xpu_ms" in row for row in rows):
-        columns += ["intel_xpu_ms", "intel_xpu_max_error", "intel_xpu_eager_ms", "intel_xpu_eager_max_error",
-                    "intel_xpu_chunked_ms", "intel_xpu_chunked_max_error"]
+        columns += ["intel_xpu_ms", "intel_xpu_max_error", "intel_xpu_eager_ms", "intel_xpu_eager_max_error"]
     if torch.device(args.device).type in GRAPH_DEVICES:
         columns += ["portable_graph_ms", "triton_graph_ms", "graph_ratio_vs_triton", "csgmv_graph_ms", "graph_ratio_vs_csgmv",
                     "intel_xpu_graph_ms", "intel_xpu_graph_max_error", "intel_xpu_graph_vs_best_peer", "intel_xpu_vs_triton",
                     "intel_xpu_eager_vs_triton", "intel_xpu_eager_spread", "triton_spread", "intel_xpu_eager_vs_triton_backend",
-                    "intel_xpu_chunked_vs_triton", "intel_xpu_eager_graph_vs_best_peer", "intel_xpu_chunked_graph_vs_best_peer",
+                    "intel_xpu_eager_graph_vs_best_peer",
                     "roofline_fraction"]
     extra = {"copy_bandwidth_bytes_s": args.copy_bandwidth, "graph_replay_check": getattr(args, "graph_replay_check", None),
              "emulated_build": args.emulated_build, "intel_xpu_providers": getattr(args, "intel_xpu_providers", None),

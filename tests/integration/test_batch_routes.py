@@ -1,10 +1,9 @@
-"""Per-batch preparation of ``IntelXpuLoRABackend``'s op calls (``backend/batch_routes.py``) and
-the choice between SGLang's dense and chunked-SGMV Triton kernels for permuted (decode) batches.
+"""Per-batch preparation of ``IntelXpuLoRABackend``'s op calls (``backend/batch_routes.py``) on
+SGLang's Triton kernels for permuted (decode) batches.
 
-Both kernel branches, eager and with decode-graph batch infos (padded rows, stale routing left by a
-larger batch), are compared with the float64 per-row reference (tolerance 1e-5, float32; Triton in
-its interpreter, tests/conftest.py, on tiny shapes). The chunk routing itself is checked against a
-host loop."""
+Decode batches, eager and with decode-graph batch infos (padded rows, routing left by a larger
+batch), are compared with the float64 per-row reference (tolerance 1e-5, float32; Triton in its
+interpreter, tests/conftest.py, on tiny shapes)."""
 
 from __future__ import annotations
 
@@ -25,60 +24,20 @@ MODULES = (("qkv", (8, 4, 4)), ("gate_up", (6, 6)), ("o", (10,)))
 QKV_OFFSETS = torch.tensor([0, 8, 12, 16], dtype=torch.int32)
 
 
-def chunks_by_hand(lens, chunk_size):
-    """(start, end, slot) of each chunk: tokens sorted by slot, each slot cut into chunk_size pieces."""
-    out, start = [], 0
-    for slot, n in enumerate(lens):
-        for offset in range(0, n, chunk_size):
-            out.append((start + offset, start + min(offset + chunk_size, n), slot))
-        start += n
-    return out
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_chunk_segments_match_a_host_loop_and_pad_with_empty_chunks(seed):
-    from sglang_xpu_lora.backend.batch_routes import chunk_segments, max_chunks
-
-    rng = random.Random(seed)
-    lens = [rng.choice([0, 1, 3, 4, 5, 9]) for _ in range(5)]
-    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    count = max_chunks(sum(lens), len(lens), 4) + 2  # more than needed: the rest must be empty
-    chunk_indptr, slots = chunk_segments(indptr, torch.arange(len(lens), dtype=torch.int32), 4, count)
-    expected = chunks_by_hand(lens, 4)
-    assert len(expected) <= max_chunks(sum(lens), len(lens), 4)
-    got = [(int(chunk_indptr[j]), int(chunk_indptr[j + 1]), int(slots[j])) for j in range(count)]
-    assert got[: len(expected)] == expected
-    assert all(start == end == sum(lens) for start, end, _ in got[len(expected):])
-    assert chunk_indptr.dtype == slots.dtype == torch.int32
-
-
-def test_chunked_decode_rule_checks_its_values():
-    from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
-
-    assert not ChunkedDecodeRule().applies(10**6)
-    assert ChunkedDecodeRule(min_tokens=8).applies(8) and not ChunkedDecodeRule(min_tokens=8).applies(7)
-    with pytest.raises(ValueError, match="chunk_size"):
-        ChunkedDecodeRule(chunk_size=8)
-    with pytest.raises(ValueError, match="min_tokens"):
-        ChunkedDecodeRule(min_tokens=0)
-
-
 @pytest.fixture
 def triton_backend(monkeypatch, sglang_plugins_loaded):
-    """Triton for every op (SGLang's packed pool, real ranks), with a chunked-kernel rule."""
+    """Triton for every op (SGLang's packed pool, real ranks)."""
     from sglang.kernels.ops.lora.dense import lora_tuning_config
 
-    from sglang_xpu_lora.backend.batch_routes import ChunkedDecodeRule
     from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend
 
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "triton")
-    # the chunked kernels look up tuned block sizes by GPU name: none on CPU (the defaults apply)
+    # the kernels look up tuned block sizes by GPU name: none on CPU (the defaults apply)
     monkeypatch.setattr(lora_tuning_config, "get_device_name", lambda: "cpu")
 
-    def make(min_tokens):
+    def make():
         backend = IntelXpuLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
         backend.lora_memory_pool = types.SimpleNamespace(max_lora_rank=RANK)
-        backend.chunked_decode_rule = ChunkedDecodeRule(min_tokens=min_tokens, chunk_size=16)
         return backend
 
     return make
@@ -107,11 +66,11 @@ def run_modules(backend, x, seed=0, weights=None):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts of SGLang's chunked and dense Triton kernels called through the provider."""
+    """Counts of SGLang's Triton kernels called through the provider."""
     from sglang_xpu_lora.providers import triton_ops
 
     kernels, calls = triton_ops._kernels(), {}
-    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b", "chunked_sgmv_shrink", "chunked_sgmv_expand"):
+    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b"):
         def counted(*args, _name=name, _fn=getattr(kernels, name), **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
             return _fn(*args, **kwargs)
@@ -121,8 +80,8 @@ def kernel_calls(monkeypatch):
 
 
 def run_exact_decode(backend, kernel_calls, slots=(1,) * 17 + (2, 0, 2)) -> dict:
-    """A decode batch (20 tokens over 3 slots by default, 16-token chunks: a slot holds more than
-    one chunk) through every module, each against its float64 reference; the kernels it called."""
+    """A decode batch (20 tokens over 3 slots by default) through every module, each against its
+    float64 reference; the kernels it called."""
     slots = list(slots)
     backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
     x = torch.randn(len(slots), HIDDEN)
@@ -133,56 +92,49 @@ def run_exact_decode(backend, kernel_calls, slots=(1,) * 17 + (2, 0, 2)) -> dict
 
 
 DENSE = {"sgemm_lora_a": 3, "qkv_lora_b": 1, "gate_up_lora_b": 1, "sgemm_lora_b": 1}
-CHUNKED = {"chunked_sgmv_shrink": 3, "chunked_sgmv_expand": 3}
 
 
-@pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (20, CHUNKED), (21, DENSE)], ids=["off", "at-threshold", "below"])
-def test_eager_decode_both_kernel_branches_are_exact(triton_backend, kernel_calls, min_tokens, kernels):
+def test_eager_decode_is_exact(triton_backend, kernel_calls):
     """20 decode tokens over 3 slots, in shuffled order."""
-    backend = triton_backend(min_tokens)
     slots = [1] * 17 + [2, 0, 2]
     random.Random(0).shuffle(slots)
-    assert run_exact_decode(backend, kernel_calls, slots) == kernels
+    assert run_exact_decode(triton_backend(), kernel_calls, slots) == DENSE
 
 
-def test_chunked_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend, kernel_calls):
+def test_decode_beside_spaced_slice_prefill_ops_is_exact(triton_backend, kernel_calls):
     """A real Intel box's eager table: native (here: portable) prefill expands that read spaced
-    slices, Triton decode ops; the decode route chunks and stays exact (only the permuted ops'
-    providers matter to it)."""
+    slices, Triton decode ops; the decode route stays exact (only the permuted ops' providers
+    matter to it)."""
     import dataclasses
 
     from sglang_xpu_lora.providers import torch_ops
     from sglang_xpu_lora.providers.selection import OpChoice
 
-    backend = triton_backend(1)
+    backend = triton_backend()
     selection = backend.op_selection
     portable = {op: OpChoice(op, torch_ops.PROVIDER, "test", True) for op in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd")}
     backend.op_selection = dataclasses.replace(selection, choices={**selection.choices, **portable})
     assert backend.op_selection.reads_spaced_slices("qkv_lora_b_fwd", False)
-    assert run_exact_decode(backend, kernel_calls) == CHUNKED
+    assert run_exact_decode(backend, kernel_calls) == DENSE
 
 
-@pytest.mark.parametrize("min_tokens, kernels", [(None, DENSE), (16, CHUNKED)], ids=["dense", "chunked"])
-def test_decode_graph_batches_on_padded_rows_ignore_stale_chunks(triton_backend, kernel_calls, min_tokens, kernels):
-    """Decode-graph batch infos: the chunk routing lives in persistent buffers sized for the
-    largest graph; a smaller live batch replayed at a larger captured size (padded rows) must not
-    read chunks a larger earlier batch left there, and the padding rows get no LoRA."""
-    backend = triton_backend(min_tokens)
+def test_decode_graph_batches_on_padded_rows_ignore_stale_routing(triton_backend, kernel_calls):
+    """Decode-graph batch infos live in persistent buffers sized for the largest graph; a smaller
+    live batch replayed at a larger captured size (padded rows) must not read the routing a larger
+    earlier batch left there, and the padding rows get no LoRA."""
+    backend = triton_backend()
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=48, num_tokens_per_req=1)
-    assert (backend.routes.graph_chunks is None) == (min_tokens is None)
-    first = [1] * 20 + [2] * 28  # chunks [0, 16), [16, 20) of slot 1, [20, 36), [36, 48) of slot 2
+    first = [1] * 20 + [2] * 28
     backend.prepare_lora_batch(forward_batch("DECODE", len(first)), first, RANKS, SCALINGS, True)
     run_modules(backend, torch.randn(len(first), HIDDEN))
-    buffers = backend.routes.graph_chunks
-    live = [2, 1, 1, 2, 1]  # two chunks: the ones the first batch left in the buffers must not run
+    live = [2, 1, 1, 2, 1]
     backend.prepare_lora_batch(forward_batch("DECODE", len(live)), live, RANKS, SCALINGS, True)
-    assert backend.routes.graph_chunks is buffers  # the addresses a captured graph reads
     x = torch.randn(24, HIDDEN)  # the 5 live rows, run at a captured size of 24
     kernel_calls.clear()
     for out, a, b, bands in run_modules(backend, x, seed=3):
         torch.testing.assert_close(out[:5].double(), lora_reference(x[:5], a, b, bands, live, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
         assert torch.count_nonzero(out[5:]) == 0
-    assert kernel_calls == kernels
+    assert kernel_calls == DENSE
 
 
 def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backend, monkeypatch):
@@ -192,7 +144,7 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     graph is being captured are not kept (their values exist only once that graph runs)."""
     from sglang_xpu_lora.backend import route_table
 
-    backend = triton_backend(None)
+    backend = triton_backend()
     built = []
     make_route = backend.routes.make_route
     monkeypatch.setattr(backend.routes, "make_route", lambda info, *args: built.append(info) or make_route(info, *args))
@@ -262,7 +214,7 @@ def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_n
     slots = [1, 2, 1, 0, 2]
     x = torch.randn(len(slots), HIDDEN)
     peer = sglang_triton.TritonLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
-    backend = triton_backend(None)
+    backend = triton_backend()
     for each in (peer, backend):
         each.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
     weights = module_weights()
@@ -284,37 +236,3 @@ def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_n
     assert all(any(a is backend._sgemm_info() for a in args) for _, args, _ in ours)
     for out, a, b, bands in outputs:
         torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
-
-
-def test_a_provider_with_chunked_decode_kernels_of_its_own_needs_only_its_descriptor(triton_backend, kernel_calls, monkeypatch):
-    """Adding a provider whose decode batches run chunked kernels of its own is one module (here a
-    class) plus one ``PROVIDERS`` entry: the backend runs its ``chunked_decode_kernels`` for the
-    permuted ops it serves, exact, and no other provider's."""
-    from sglang_xpu_lora.providers import base, selection, triton_ops
-
-    used = []
-
-    class Chunky(triton_ops.TritonProvider):
-        """SGLang's Triton ops, with the chunked-SGMV kernels as its own (counted)."""
-
-        def chunked_decode_kernels(self):
-            kernels = triton_ops.PROVIDER.chunked_decode_kernels()
-
-            def shrink(*args, **kwargs):
-                used.append("shrink")
-                return kernels.shrink(*args, **kwargs)
-
-            def expand(*args, **kwargs):
-                used.append("expand")
-                return kernels.expand(*args, **kwargs)
-
-            return base.ChunkedDecodeKernels(shrink, expand)
-
-    chunky = Chunky(name="chunky", title="Chunky", contracts_over_max_rank=False, expands_read_spaced_slices=False,
-                    shrink_feeds_only_own_expands=True)
-    monkeypatch.setattr(selection, "PROVIDERS", (chunky, *selection.PROVIDERS))
-    monkeypatch.setattr(selection, "SETTINGS", selection._settings())
-    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "chunky")
-    backend = triton_backend(1)
-    assert {c.provider for c in backend.op_selection.choices.values()} == {chunky}
-    assert run_exact_decode(backend, kernel_calls) == CHUNKED and used == ["shrink", "expand"] * 3

@@ -133,8 +133,8 @@ def provider_references(source: str, module: str) -> list[str]:
 @pytest.mark.parametrize("path", sorted(SOURCE.rglob("*.py")), ids=lambda path: path.relative_to(SOURCE).as_posix())
 def test_no_module_outside_the_providers_references_one(path):
     """Provider identity lives in ``providers/``: no other module imports a provider module or
-    reads an attribute of one (trial captures, chunked decode kernels, the eager-decode rule all
-    go through the descriptors); inside ``providers/`` only the list of providers does."""
+    reads an attribute of one (trial captures and the eager-decode rule go through the
+    descriptors); inside ``providers/`` only the list of providers does."""
     module = path.relative_to(SOURCE).as_posix()
     assert provider_references(path.read_text(), module) == [], f"{module} references a provider module"
 
@@ -143,7 +143,6 @@ def test_no_module_outside_the_providers_references_one(path):
     ("module", "source"),
     [
         ("backend/xpu.py", "from sglang_xpu_lora.providers import native\nbind = native.bind\n"),
-        ("backend/batch_routes.py", "from sglang_xpu_lora.providers import triton_ops\ntriton_ops.csgmv_shrink_fwd(x)\n"),
         ("backend/xpu.py", "from sglang_xpu_lora.providers.triton_ops import triton_support\n"),
         ("doctor.py", "import sglang_xpu_lora.providers.native as n\nn.kernel_build()\n"),
         ("providers/selection.py", "from . import triton_ops\nPROVIDERS = (triton_ops.PROVIDER,)\ntriton_ops.bind\n"),
@@ -244,4 +243,4 @@ def test_the_interface_signature_is_the_protocols():
     method = inspect.signature(base.LoRAOpsProvider.chunked_sgmv_lora_expand_fwd)
     assert tuple(method.parameters)[1:] == base.parameters("chunked_sgmv_lora_expand_fwd")
     with pytest.raises(KeyError, match="not an op of the interface"):
-        base.signature("csgmv_shrink_fwd")
+        base.signature("chunked_sgmv_lora_shrink_forward")

@@ -1,7 +1,7 @@
 """The routes of one backend's current batch (:class:`RouteTable`): a
 :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` per batch info, built once per batch,
-with what the routes share across batches (the persistent band offsets and the decode graphs' chunk
-routing buffers, whose addresses captured graphs read).
+with what the routes share across batches (the persistent band offsets, whose addresses captured
+graphs read).
 
 Nothing of a batch is process state: each ``IntelXpuLoRABackend`` owns its table (target and draft
 under speculative decoding keep their own), and state built while a graph is being captured is
@@ -14,10 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
-from sglang_xpu_lora.backend.batch_routes import (
-    CONTIGUOUS_ROUTE_OPS, MULTI_SLICE_EXPANDS, PERMUTED_ROUTE_OPS, BatchRoute, ChunkedDecodeRule, ChunkedRouting,
-    chunk_segments, max_chunks,
-)
+from sglang_xpu_lora.backend.batch_routes import CONTIGUOUS_ROUTE_OPS, MULTI_SLICE_EXPANDS, PERMUTED_ROUTE_OPS, BatchRoute
 from sglang_xpu_lora.providers import OpSelection
 from sglang_xpu_lora.providers.graph_capture import capturing
 
@@ -26,8 +23,8 @@ if TYPE_CHECKING:
 
 
 class RouteTable:
-    """The routes of the current batch on ``device``, keyed by batch info; the op selection and the
-    chunked-decode rule are the backend's, passed in by each call that builds a route.
+    """The routes of the current batch on ``device``, keyed by batch info; the op selection is the
+    backend's, passed in by each call that builds a route.
 
     Attributes:
         routes: ``id(batch info)`` -> its route in this batch (a route holds its info, so the ids
@@ -36,7 +33,6 @@ class RouteTable:
             backend's ``run_*`` methods call :meth:`route` only for another batch info, so a
             layer's calls do no lookup.
         kept_uniform_offsets: ``(num_slices, slice_size)`` -> persistent ``[0, n, 2n, ...]`` int32.
-        graph_chunks: the persistent chunk routing buffers of decode graphs, or None.
     """
 
     def __init__(self, device: torch.device):
@@ -45,79 +41,35 @@ class RouteTable:
         self.last_info: Optional[LoRABatchInfo] = None
         self.last_route: Optional[BatchRoute] = None
         self.kept_uniform_offsets: dict = {}
-        self.graph_chunks: Optional[tuple] = None
 
-    def set_up_decode_graphs(self, selection: OpSelection, rule: ChunkedDecodeRule, max_rows: int, slots: int) -> None:
-        """At decode-graph set-up (``max_rows`` = largest batch x tokens per request, ``slots`` =
-        ``max_loras_per_batch``): the persistent chunk routing buffers when decode graphs may run
-        chunked kernels, else none."""
-        self.graph_chunks = None
-        if self.may_chunk(selection, rule, True, max_rows):
-            count = max_chunks(max_rows, slots, rule.chunk_size)
-            self.graph_chunks = (
-                torch.zeros(count + 1, dtype=torch.int32, device=self.device),
-                torch.zeros(count, dtype=torch.int32, device=self.device),
-            )
-
-    def start_batch(
-        self, infos: Iterable[LoRABatchInfo], selection: OpSelection, rule: ChunkedDecodeRule, build_now: bool = True,
-    ) -> None:
+    def start_batch(self, infos: Iterable[LoRABatchInfo], selection: OpSelection, build_now: bool = True) -> None:
         """Once per batch: forget the last batch's routes and, with ``build_now``, build the route of
-        each of ``infos`` (bound ops, chunk routing), so the ``run_*`` calls only call their ops.
-        Eager batches (``build_now`` False) build each route at its first use instead
+        each of ``infos`` (bound ops), so the ``run_*`` calls only call their ops. Eager batches (``build_now`` False) build each route at its first use instead
         (:meth:`route`): no graph capture can be under way for them, and a decode batch's request
         view, which no LoRA module reads, then costs nothing. Graph batches build them all here,
         before any capture."""
         self.routes, self.last_info, self.last_route = {}, None, None
         if build_now:
             for info in infos:
-                self.routes[id(info)] = self.make_route(info, selection, rule)
+                self.routes[id(info)] = self.make_route(info, selection)
 
-    def route(self, info: LoRABatchInfo, selection: OpSelection, rule: ChunkedDecodeRule) -> BatchRoute:
+    def route(self, info: LoRABatchInfo, selection: OpSelection) -> BatchRoute:
         """The route prepared for ``info`` in this batch, or one built now (an eager batch's info at
         its first use, a view made later: same slots, same ranks); remembered as the last route."""
         route = self.routes.get(id(info))
         if route is None:
-            route = self.routes[id(info)] = self.make_route(info, selection, rule)
+            route = self.routes[id(info)] = self.make_route(info, selection)
         self.last_info, self.last_route = info, route
         return route
 
-    def make_route(self, info: LoRABatchInfo, selection: OpSelection, rule: ChunkedDecodeRule) -> BatchRoute:
+    def make_route(self, info: LoRABatchInfo, selection: OpSelection) -> BatchRoute:
         """The route of ``info``: its table's ops bound to it (SGLang's Triton kernels read the
-        batch info as is: real ranks on the packed pool), the expands that read spaced slices, and
-        the chunk routing where the permuted ops may run chunked kernels."""
+        batch info as is: real ranks on the packed pool) and the expands that read spaced slices."""
         use_graph = info.use_cuda_graph
-        chunked = None
-        may_chunk = self.graph_chunks is not None if use_graph else self.may_chunk(selection, rule, False, info.max_len)
-        if info.permutation is not None and may_chunk:
-            chunked = self.chunk_routing(info, selection, rule)
         names = PERMUTED_ROUTE_OPS if info.permutation is not None else CONTIGUOUS_ROUTE_OPS
         spaced = frozenset(op for op in MULTI_SLICE_EXPANDS if op in names and selection.reads_spaced_slices(op, use_graph))
         ops = selection.bind_batch(use_graph, info, self.uniform_offsets, names)
-        return BatchRoute(info, ops, spaced, self.uniform_offsets, chunked)
-
-    @staticmethod
-    def may_chunk(selection: OpSelection, rule: ChunkedDecodeRule, use_graph: bool, max_rows: int) -> bool:
-        """Whether a permuted batch of up to ``max_rows`` rows may run chunked kernels: the rule
-        applies to that many rows and the provider of the table's permuted ops has its own
-        (``OpSelection.chunked_decode_kernels``: SGLang's chunked-SGMV kernels for Triton)."""
-        return rule.applies(max_rows) and selection.chunked_decode_kernels(use_graph) is not None
-
-    def chunk_routing(self, info: LoRABatchInfo, selection: OpSelection, rule: ChunkedDecodeRule) -> ChunkedRouting:
-        """The chunk segments of the permuted batch ``info``, on the device: eager, exactly the
-        chunks of its ``max_len`` tokens; in a decode graph (whenever graphs may chunk: SGLang
-        prepares the live batch, the graph replayed may have been captured at a larger size), into
-        the persistent buffers over their whole length, the chunks past the live ones empty."""
-        num_slots = info.weight_indices.shape[0]
-        if info.use_cuda_graph:
-            indptr, slots = chunk_segments(
-                info.seg_indptr, info.weight_indices, rule.chunk_size, self.graph_chunks[1].shape[0], out=self.graph_chunks
-            )
-        else:
-            count = max_chunks(info.max_len, num_slots, rule.chunk_size)
-            indptr, slots = chunk_segments(info.seg_indptr, info.weight_indices, rule.chunk_size, count)
-        kernels = selection.chunked_decode_kernels(info.use_cuda_graph)
-        return ChunkedRouting(info, indptr, slots, num_slots, rule, kernels)
+        return BatchRoute(info, ops, spaced)
 
     def uniform_offsets(self, num_slices: int, slice_size: int) -> torch.Tensor:
         """``[0, n, 2n, ...]`` int32 on the device, built once per ``(num_slices, slice_size)`` and

@@ -50,9 +50,7 @@ refuses them on a device without Triton (:mod:`sglang_xpu_lora.backend.outside_l
 Per-op work is prepared once per batch (:mod:`sglang_xpu_lora.backend.batch_routes`): each
 ``run_*`` call looks up the :class:`~sglang_xpu_lora.backend.batch_routes.BatchRoute` of its batch
 info and calls its module callables (the table's ops bound to the batch, the slice gather decided
-per route), passing only the module's tensors and host integers; for
-permuted batches whose provider has chunked kernels (Triton: SGLang's chunked-SGMV kernels) the
-route may run those instead of its dense ones (:attr:`IntelXpuLoRABackend.chunked_decode_rule`, by row count only).
+per route), passing only the module's tensors and host integers.
 
 Routing (``info = self._sgemm_info(...)``):
 
@@ -79,7 +77,7 @@ from sglang.srt.lora.dense.plan import DenseLoraKind
 from sglang.srt.lora.utils import LoRABatchInfo, Phase
 from sglang.srt.runtime_context import LoRABatchLayout
 
-from sglang_xpu_lora.backend.batch_routes import BatchRoute, ChunkedDecodeRule
+from sglang_xpu_lora.backend.batch_routes import BatchRoute
 from sglang_xpu_lora.backend.graph_setup import TrialCaptures
 from sglang_xpu_lora.backend.log_line import built_line
 from sglang_xpu_lora.backend.module_ops import gate_up_projection, stacked_projection
@@ -128,10 +126,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
     #: ``srt/lora/layers.py``), and the decode graph runner records a second, ``nolora`` graph per
     #: batch size and replays it for such batches (``record_nolora_graph``), as for ``triton_v2``.
     skip_inactive_dense_lora = True
-    #: When permuted (decode) batches run their provider's chunked kernels (Triton's chunked-SGMV)
-    #: (:class:`~sglang_xpu_lora.backend.batch_routes.ChunkedDecodeRule`; off until the op
-    #: benchmark shows where they win, docs/performance.md).
-    chunked_decode_rule = ChunkedDecodeRule()
 
     def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
         super().__init__(max_loras_per_batch, device, **kwargs)
@@ -232,9 +226,6 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._decide_graph_ops(max_bs_in_cuda_graph * num_tokens_per_req)
         super().init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
         self._set_up_dense_graphs(max_bs_in_cuda_graph * num_tokens_per_req, prefill=False)
-        self.routes.set_up_decode_graphs(
-            self.op_selection, self.chunked_decode_rule, max_bs_in_cuda_graph * num_tokens_per_req, self.max_loras_per_batch
-        )
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: Optional[int] = None):
         """SGLang's Triton prefill-graph batch info (slots sized by ``max_num_requests``), after
@@ -282,7 +273,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         )
         self._int32_lora_ranks()
         graph = use_cuda_graph or use_prefill_cuda_graph
-        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule, build_now=graph)
+        self.routes.start_batch(self._batch_infos(), self.op_selection, build_now=graph)
         self.dense_batch = self.dense_serves(graph, self.batch_info.expected_tokens)
         if self.dense_batch:
             info = self.batch_info
@@ -327,7 +318,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self._check_memory_pool()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
-        self.routes.start_batch(self._batch_infos(), self.op_selection, self.chunked_decode_rule)
+        self.routes.start_batch(self._batch_infos(), self.op_selection)
         self.dense_batch = False  # explicit segments: the per-op tier
 
     def _batch_infos(self) -> list:
@@ -351,7 +342,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """The route of ``info`` in this batch (:meth:`RouteTable.route`); the ``run_*`` methods
         call this only for another batch info than the last one
         (``routes.last_route if info is routes.last_info else self._route(info)``)."""
-        return self.routes.route(info, self.op_selection, self.chunked_decode_rule)
+        return self.routes.route(info, self.op_selection)
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 import torch
 
@@ -317,24 +317,3 @@ class Provider:
             NotImplementedError: for a provider whose capture safety is not decided by trial.
         """
         raise NotImplementedError(f"the {self.name} provider is not captured by trial")
-
-    def chunked_decode_kernels(self) -> Optional[ChunkedDecodeKernels]:
-        """Its own kernels over chunk segments for permuted (decode) batches, which the backend may
-        run instead of its permuted ops when it serves both of them
-        (``backend.batch_routes.ChunkedDecodeRule``); None when it has none."""
-        return None
-
-
-class ChunkedDecodeKernels(NamedTuple):
-    """A provider's kernels over chunk segments (SGLang's chunked-SGMV ones for Triton), called
-    with a batch info of chunk segments (``batch_info``, SGLang's ``LoRABatchInfo`` with
-    ``max_len`` the chunk size):
-
-    * ``shrink(x, weights, num_slices, *, batch_info)``: x ``(s, K)``, weights
-      ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``, packed (slice ``p`` at ``p * rank``);
-    * ``expand(x, weights, slice_offsets, max_slice_size, base_output, *, batch_info)``: the
-      shrink's output -> ``(s, N)``, added into ``base_output`` when given.
-    """
-
-    shrink: Callable[..., torch.Tensor]
-    expand: Callable[..., torch.Tensor]

@@ -50,7 +50,7 @@ import torch
 from sglang_xpu_lora.providers import native, torch_ops, triton_ops
 from sglang_xpu_lora.providers.batch_binding import bind_table
 from sglang_xpu_lora.providers.base import (
-    OP_NAMES, ChunkedDecodeKernels, Device, LoRAOpsProvider, Offer, Provider, device_type,
+    OP_NAMES, Device, LoRAOpsProvider, Offer, Provider, device_type,
 )
 from sglang_xpu_lora.settings import KERNELS_ENV, env_choice
 
@@ -176,13 +176,6 @@ class OpSelection:
             if choice.kernel is kernel:
                 return choice.provider.bind_trial(kernel)
         raise KeyError(f"{kernel!r} is not a trial-capture candidate of this selection")
-
-    def chunked_decode_kernels(self, use_graph: bool) -> Optional[ChunkedDecodeKernels]:
-        """The chunked-segment kernels of the provider that serves both permuted (decode) ops of the
-        table for ``use_graph`` (:meth:`.base.Provider.chunked_decode_kernels`), or None: the
-        permuted ops are split between providers, or theirs has none."""
-        (provider, *others) = {self.choices_for(use_graph)[op].provider for op in DECODE_OPS}
-        return None if others else provider.chunked_decode_kernels()
 
     def dense_tier_serves(self, use_graph: bool) -> bool:
         """Whether the linears of batches outside (``use_graph`` False) or inside graphs belong on the

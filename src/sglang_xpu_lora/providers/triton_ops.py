@@ -30,11 +30,6 @@ Two differences from the interface's common contract (:mod:`.base`), both SGLang
   it correctly (they skip those rows and columns), so the selection pairs a Triton shrink with
   Triton expands (:mod:`.selection`).
 
-Outside the seven ops, :func:`csgmv_shrink_fwd` and :func:`csgmv_expand_fwd` run SGLang's
-chunked-SGMV kernels (its ``csgmv`` backend's) over a batch info of chunk segments: the provider's
-:meth:`~.base.Provider.chunked_decode_kernels`, which the backend may run for large permuted
-batches (:mod:`sglang_xpu_lora.backend.batch_routes`), always as a pair.
-
 Capture safety: the kernels read ranks, segments and permutation from device memory and launch
 grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
 XPU graphs (SGLang captures them in its ``triton`` backend).
@@ -56,7 +51,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from sglang_xpu_lora.providers.base import (
-    OP_NAMES, ChunkedDecodeKernels, Device, Offer, Provider, device_type, signature,
+    OP_NAMES, Device, Offer, Provider, device_type, signature,
 )
 from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
 from sglang_xpu_lora.settings import KERNELS_ENV
@@ -104,8 +99,6 @@ def _kernels() -> types.SimpleNamespace:
         sgemm_lora_b=resolve(targets.TRITON_SGEMM_LORA_B),
         qkv_lora_b=resolve(targets.TRITON_QKV_LORA_B),
         gate_up_lora_b=resolve(targets.TRITON_GATE_UP_LORA_B),
-        chunked_sgmv_shrink=resolve(targets.TRITON_CHUNKED_SGMV_SHRINK),
-        chunked_sgmv_expand=resolve(targets.TRITON_CHUNKED_SGMV_EXPAND),
     )
 
 
@@ -217,38 +210,6 @@ chunked_sgmv_lora_shrink_fwd = _keyword_op("chunked_sgmv_lora_shrink_fwd")
 chunked_sgmv_lora_expand_fwd = _keyword_op("chunked_sgmv_lora_expand_fwd")
 
 
-def csgmv_shrink_fwd(input_x: torch.Tensor, weights: torch.Tensor, num_slices: int, *, batch_info) -> torch.Tensor:
-    """Shrink with SGLang's chunked-SGMV kernel (``chunked_sgmv_lora_shrink_forward``).
-
-    input_x: ``(s, K)``; weights: ``(L, num_slices * R, K)`` -> ``(s, num_slices * R)``, the packed
-    intermediate (slice ``p`` at columns ``p * rank``) on rows of live segments only, as
-    :func:`sgemm_lora_a_fwd`. ``batch_info``: segments of at most ``batch_info.max_len`` tokens
-    (16, 32, 64 or 128) through ``batch_info.permutation``
-    (:func:`sglang_xpu_lora.backend.batch_routes.chunk_segments`); read only by
-    :func:`csgmv_expand_fwd`.
-    """
-    return _kernels().chunked_sgmv_shrink(input_x, weights, batch_info, num_slices)
-
-
-def csgmv_expand_fwd(
-    input_x: torch.Tensor,
-    weights: torch.Tensor,
-    slice_offsets: torch.Tensor,
-    max_slice_size: int,
-    base_output: Optional[torch.Tensor],
-    *,
-    batch_info,
-) -> torch.Tensor:
-    """Expand with SGLang's chunked-SGMV kernel (``chunked_sgmv_lora_expand_forward``) of a
-    :func:`csgmv_shrink_fwd` output over the same ``batch_info``.
-
-    input_x: ``(s, n * R)``; weights: ``(L, N, R)``; slice_offsets: ``(n + 1,)`` device int32 band
-    boundaries -> ``scalings * x @ B^T`` added into ``base_output`` in place (returned), or a new
-    ``(s, N)`` tensor when it is None.
-    """
-    return _kernels().chunked_sgmv_expand(input_x, weights, batch_info, slice_offsets, max_slice_size, base_output)
-
-
 class TritonProvider(Provider):
     """SGLang's Triton kernels: every op or none, by where Triton runs (:func:`triton_support`)."""
 
@@ -266,9 +227,6 @@ class TritonProvider(Provider):
 
     def bind_to_batch(self, name: str, batch_info) -> Callable[..., torch.Tensor]:
         return bind(name, batch_info)
-
-    def chunked_decode_kernels(self) -> ChunkedDecodeKernels:
-        return ChunkedDecodeKernels(csgmv_shrink_fwd, csgmv_expand_fwd)
 
 
 PROVIDER = TritonProvider(

@@ -102,9 +102,6 @@ TRITON_SGEMM_LORA_A = _TRITON_DENSE + "sgemm_lora_a.sgemm_lora_a_fwd"
 TRITON_SGEMM_LORA_B = _TRITON_DENSE + "sgemm_lora_b.sgemm_lora_b_fwd"
 TRITON_QKV_LORA_B = _TRITON_DENSE + "qkv_lora_b.qkv_lora_b_fwd"
 TRITON_GATE_UP_LORA_B = _TRITON_DENSE + "gate_up_lora_b.gate_up_lora_b_fwd"
-# The csgmv backend's chunked-SGMV kernels, for large decode batches (backend/batch_routes.py).
-TRITON_CHUNKED_SGMV_SHRINK = _TRITON_DENSE + "chunked_sgmv_shrink.chunked_sgmv_lora_shrink_forward"
-TRITON_CHUNKED_SGMV_EXPAND = _TRITON_DENSE + "chunked_sgmv_expand.chunked_sgmv_lora_expand_forward"
 FUSED_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"  # LoRA on it runs outside the backend
 LORA_BATCH_LAYOUT = "sglang.srt.runtime_context.LoRABatchLayout"
 PREFILL_GRAPH_RUNNER_INIT = (
@@ -177,8 +174,6 @@ REQUIRED_PARAMETERS = {
     TRITON_SGEMM_LORA_B: ("x", "weights", "batch_info", "base_output"),
     TRITON_QKV_LORA_B: ("x", "qkv_lora_b", "batch_info", "output_offset", "max_qkv_out_dim", "base_output", "n_slices"),
     TRITON_GATE_UP_LORA_B: ("x", "gate_up_lora_b", "batch_info", "output_dim", "base_output"),
-    TRITON_CHUNKED_SGMV_SHRINK: ("x", "weights", "batch_info", "num_slices"),
-    TRITON_CHUNKED_SGMV_EXPAND: ("x", "weights", "batch_info", "slice_offsets", "max_slice_size", "base_output"),
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
