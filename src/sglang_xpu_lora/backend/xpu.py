@@ -146,7 +146,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: SGLang's Triton kernels (:meth:`dense_serves`); None where the selection never does.
         self.dense = (
             DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=max_loras_per_batch, device=self.device)
-            if self._triton_selected() else None
+            if self._dense_tier_selected() else None
         )
         if self.dense is not None:  # off CUDA decided by a trial capture at graph set-up
             self.dense.workspace.overlap_in_graphs = torch.device(self.device).type == "cuda"
@@ -283,7 +283,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
                 graph=graph, prefill_graph=use_prefill_cuda_graph,
             )
 
-    def _triton_selected(self) -> bool:
+    def _dense_tier_selected(self) -> bool:
         """Whether the selection puts the linears on the dense tier in either mode."""
         return any(self.op_selection.dense_tier_serves(use_graph) for use_graph in (False, True))
 
@@ -294,9 +294,10 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         ops stay per op), inside graphs always,
         outside them from :attr:`eager_dense_min_tokens` rows on (:data:`EAGER_DENSE_MIN_TOKENS`
         unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the per-op Triton kernels
-        launch from less Python: on an H200 the dense tier took 2.0-2.2x their layer time at 512
-        prefill tokens and 2.6-3.4x in eager decode, and 0.54-0.95x at 8192 tokens;
-        ``benchmarks/results/layer-cuda.json``, docs/performance.md)."""
+        launch from less Python: on an H200, with the dense tier in every eager batch, it took
+        1.1-2.2x the best peer's layer time at 512 prefill tokens and 2.6-3.4x in eager decode
+        (``benchmarks/results/layer-cuda-runs/layer-cuda-dense-everywhere.json``), and at 8192
+        tokens 0.55-0.96x (``benchmarks/results/layer-cuda.json``; docs/performance.md)."""
         if self.dense is None or not self.op_selection.dense_tier_serves(use_graph):
             return False
         return use_graph or tokens >= self.eager_dense_min_tokens
