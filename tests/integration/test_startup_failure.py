@@ -134,6 +134,21 @@ def test_a_launch_from_another_thread_raises_there(launch):
     assert [type(e) for e in raised] == [BackendArgumentError]
 
 
+def test_a_scheduler_failing_after_the_launch_ended_leaves_no_report(launch):
+    """With ``--dp-size 2`` a second scheduler can fail after the launcher raised and closed the
+    launch (seen under load in CI: the report file was written again, after its removal, and left
+    behind). The report lives in the launch's own folder, which closing removes, so the late
+    scheduler, with the variables it inherited at spawn, writes nothing and leaves nothing."""
+    opened = startup_failure.Launch.open()
+    inherited = os.environ[STARTUP_REPORT_ENV]
+    opened.close()  # the launcher: the launch is over
+    os.environ[STARTUP_REPORT_ENV] = inherited  # the late scheduler's environment
+    os.environ[STARTUP_LAUNCHER_ENV] = str(os.getppid())
+    assert startup_failure.report_failure(FAILURE) is True  # it still ends quietly
+    assert list(launch.tmp.iterdir()) == []
+    startup_failure.clear_variables()
+
+
 def test_ready_schedulers_close_the_launch(launch):
     launch.launches.begin(server_args())
     assert launch.launches.wait(lambda: ["info"]) == ["info"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -67,19 +68,18 @@ class Launch:
 
     @classmethod
     def open(cls) -> "Launch":
-        """A launch with a fresh report path (the file is written only by a scheduler that fails),
-        named with this process's pid for the processes about to be spawned."""
-        descriptor, name = tempfile.mkstemp(prefix="sglang-xpu-lora-startup-", suffix=".txt")
-        os.close(descriptor)
-        report = Path(name)
-        report.unlink()
+        """A launch with a fresh report path in a folder of its own (the file is written only by a
+        scheduler that fails), named with this process's pid for the processes about to be
+        spawned. Removing the folder at :meth:`close` leaves a scheduler that fails later (with
+        ``--dp-size 2`` a second one may still be ending) nowhere to write."""
+        report = Path(tempfile.mkdtemp(prefix="sglang-xpu-lora-startup-")) / "report.txt"
         os.environ[STARTUP_REPORT_ENV] = str(report)
         os.environ[STARTUP_LAUNCHER_ENV] = str(os.getpid())
         return cls(report, {child.pid for child in multiprocessing.active_children()})
 
     def close(self) -> None:
-        """The launch is over (ready, or failed): its report removed, the variables unset."""
-        self.report.unlink(missing_ok=True)
+        """The launch is over (ready, or failed): its report and folder removed, the variables unset."""
+        shutil.rmtree(self.report.parent, ignore_errors=True)
         if os.environ.get(STARTUP_REPORT_ENV) == str(self.report):
             clear_variables()
 
@@ -140,8 +140,11 @@ def report_failure(exc: BaseException) -> bool:
     if not report:
         return False
     if not os.path.exists(report):
-        with open(report, "a") as file:
-            file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+        try:
+            with open(report, "a") as file:
+                file.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+        except FileNotFoundError:  # the launch is over (its folder removed): nobody reads it now
+            pass
     return os.environ.get(STARTUP_LAUNCHER_ENV) == str(os.getppid())
 
 
