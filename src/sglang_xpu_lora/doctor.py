@@ -156,9 +156,8 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     """
     import torch
 
-    from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
+    from sglang_xpu_lora.backend.xpu import eager_dense_min_tokens
     from sglang_xpu_lora.dense.plans import PlanTable, sglang_architecture
-    from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
 
     modes = [mode for mode, use_graph in (("eager", False), ("graphs", True)) if selection.dense_tier_serves(use_graph)]
     if not modes:
@@ -166,7 +165,7 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     device = torch.device(device)
     return {
         "modes": modes,
-        "eager_min_tokens": env_count(EAGER_DENSE_MIN_TOKENS_ENV, EAGER_DENSE_MIN_TOKENS),
+        "eager_min_tokens": eager_dense_min_tokens(),
         "plans": PlanTable(device, sglang_architecture(device)).sources,
     }
 

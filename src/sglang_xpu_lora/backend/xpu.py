@@ -99,6 +99,16 @@ logger = logging.getLogger(__name__)
 EAGER_DENSE_MIN_TOKENS = 4096
 
 
+def eager_dense_min_tokens() -> int:
+    """From how many tokens an eager batch runs its linears on the dense tier: the validated
+    ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS``, else :data:`EAGER_DENSE_MIN_TOKENS`.
+
+    Raises:
+        ValueError: for anything but a positive integer (:func:`~sglang_xpu_lora.settings.env_count`).
+    """
+    return env_count(EAGER_DENSE_MIN_TOKENS_ENV, EAGER_DENSE_MIN_TOKENS)
+
+
 class IntelXpuLoRABackend(TritonLoRABackend):
     """Multi-LoRA backend for Intel XPU: sgl-kernel-xpu ops, SGLang's Triton kernels where those are
     missing or not capture-safe, portable PyTorch ops where neither runs.
@@ -153,7 +163,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         #: Whether the current batch's linears run on the dense tier (set per batch).
         self.dense_batch = False
         #: From how many tokens an eager batch runs on the dense tier (:meth:`dense_serves`).
-        self.eager_dense_min_tokens = env_count(EAGER_DENSE_MIN_TOKENS_ENV, EAGER_DENSE_MIN_TOKENS)
+        self.eager_dense_min_tokens = eager_dense_min_tokens()
         logger.info("%s", built_line(self.name, device, self.op_selection, self.dense))
 
     # --- the pool layout this backend's ops need -----------------------------------------------

@@ -94,19 +94,9 @@ class DeviceLoraWorkspace(LoraWorkspace):
 
     @staticmethod
     def _caller(device: torch.device) -> int:
+        """One key for every stream (module docstring): SGLang's ``tensor`` and ``route`` key their
+        scratch and routes by this."""
         return 0
-
-    def route(self, mapping: torch.Tensor, key: tuple, build):
-        """SGLang's route cache with one key for every stream (module docstring)."""
-        routes = self.routes.setdefault((mapping.device, 0), {})
-        full_key = (
-            self._graph_mode, self._is_prefill_graph if self._graph_mode else False,
-            mapping.dtype, mapping.data_ptr(), mapping.numel(), mapping.stride(), *key,
-        )
-        route = routes.get(full_key)
-        if route is None:
-            route = routes[full_key] = build()
-        return route
 
     def _side_stream(self, device: torch.device, current):
         stream = self._side_streams.get(device)

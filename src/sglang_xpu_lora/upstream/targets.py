@@ -212,7 +212,6 @@ REQUIRED_PARAMETERS = {
     DENSE_PLAN: ("a_family", "b_family", "overlap", "block_size", "a_tiles", "b_tiles"),
     LORA_WORKSPACE + "._capturing": ("device",),
     LORA_WORKSPACE + "._caller": ("device",),
-    LORA_WORKSPACE + ".route": ("mapping", "key", "build"),
     LORA_WORKSPACE + ".run_parallel": ("name", "device", "compute", "side"),
     BUILD_ROUTE: ("token_slots", "max_loras", "block_size", "view", "workspace", "tensor_prefix", "capacity"),
     GROUPED_LORA_B: ("geometry", "config", "add_inplace", "zero_sentinel", "lora_ranks", "scalings", "planes",
@@ -281,7 +280,7 @@ REQUIRED_ATTRIBUTES = {
     DENSE_LORA_KIND: ("LINEAR",),
     LORA_PHASE: ("PREFILL", "DECODE"),
     ROUTE_VIEW_KIND: ("ALIGNED",),
-    LORA_WORKSPACE: ("routes", "_graph_mode", "_is_prefill_graph", "_capturing", "_caller", "route", "run_parallel"),
+    LORA_WORKSPACE: ("_capturing", "_caller", "run_parallel"),
     # Layers whose sizes the adapter checks read (adapters/tensor_checks.py).
     BASE_LAYER_WITH_LORA: ("base_layer",),
     COLUMN_PARALLEL_LINEAR_WITH_LORA: ("apply_lora",),
