@@ -208,6 +208,10 @@ def render_ops_section(report: dict[str, Any]) -> list[str]:
             for mode in dense["modes"]
         )
         lines += wrap(f"Linears on the dense tier (SGLang's triton_v2 kernels) {where}; plans from {', '.join(dense['plans'])}")
+        if "eager" in dense["modes"]:
+            lines += wrap(
+                "Linears of smaller eager batches: SGLang's triton kernels launched from compiled handles"
+            )
     probe = report.get("graph_probe")
     if isinstance(probe, list):
         lines.append(f"Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")

@@ -1,9 +1,9 @@
 """``IntelXpuLoRABackend.forward_with_base``, SGLang's single entry for LoRA'd layers, through the
 real backend and SGLang's batch preparation: linears on the dense tier where the selection names
-SGLang's Triton kernels (interpreted on CPU tensors, tests/conftest.py), on the per-op tier
-otherwise, each compared with a float64 per-row loop (tolerance 1e-5, float32); at TP > 1 one
-collective of base + LoRA on both tiers; graph batches with padded rows; the layer's own
-``apply_lora`` (the per-op ``run_*`` path) never called for a dense linear.
+SGLang's Triton kernels (interpreted on CPU tensors, tests/conftest.py), or below its eager
+threshold on those kernels launched from compiled handles, on the per-op tier otherwise, each compared with a float64 per-row loop (tolerance 1e-5, float32); at TP > 1 one
+collective of base + LoRA on every tier; graph batches with padded rows; the layer's own
+``apply_lora`` (the per-op ``run_*`` path) never called for a linear of the other two.
 """
 
 from __future__ import annotations
@@ -64,31 +64,41 @@ def reference(x, weight, rows):
     return lora_reference(x, a, b, OUT_DIMS, rows, SCALINGS, RANKS, base=x @ weight.t())
 
 
+#: (SGLANG_XPU_LORA_KERNELS, SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS, where the tests' small eager
+#: linears run): the dense tier, the Triton kernels from compiled handles below the dense tier's
+#: threshold, the per-op tier (``apply_lora``).
+TIERS = {
+    "dense-tier": ("triton", "1", "dense"), "launches": ("triton", None, "launches"), "per-op-tier": ("torch", "1", "per-op"),
+}
+
+
 @pytest.mark.parametrize(
     "mode, lens, slots",
     [("EXTEND", [3, 2, 4], [1, 0, 2]), ("DECODE", None, [2, 1, 1, 0])],
     ids=["extend", "decode"],
 )
-@pytest.mark.parametrize("kernels, dense", [("triton", True), ("torch", False)], ids=["dense-tier", "per-op-tier"])
-def test_linears_run_on_the_tier_the_selection_names(backend_for, kernels, dense, mode, lens, slots):
-    backend = backend_for(kernels)
-    assert (backend.dense is not None) == dense
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_linears_run_on_the_tier_the_selection_names(backend_for, tier, mode, lens, slots):
+    kernels, threshold, where = TIERS[tier]
+    backend = backend_for(kernels, eager_dense_min_tokens=threshold)
+    assert (backend.dense is not None) == (kernels == "triton")
     batch = forward_batch(mode, len(slots), lens=lens)
     backend.prepare_lora_batch(batch, slots, RANKS, SCALINGS, False)
-    assert backend.dense_batch == dense
+    assert (backend.dense_batch, backend.launch_batch) == (where == "dense", where == "launches")
     rows = [s for s, n in zip(slots, lens or [1] * len(slots)) for _ in range(n)]
     gen = torch.Generator().manual_seed(3)
     x, weight = torch.randn(len(rows), HIDDEN, generator=gen), torch.randn(16, HIDDEN, generator=gen)
     out, layer = forward(backend, x, weight)
-    assert layer.per_op_calls == (0 if dense else 1)
+    assert layer.per_op_calls == (1 if where == "per-op" else 0)
     torch.testing.assert_close(out.double(), reference(x, weight, rows), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernels", ["triton", "torch"], ids=["dense-tier", "per-op-tier"])
-def test_a_row_parallel_linear_reduces_base_plus_lora_once(backend_for, kernels):
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_a_row_parallel_linear_reduces_base_plus_lora_once(backend_for, tier):
     """SGLang's default makes two collectives (base output, shrink output); B is replicated, so
     one of base + LoRA is the same sum."""
-    backend = backend_for(kernels)
+    kernels, threshold, _ = TIERS[tier]
+    backend = backend_for(kernels, eager_dense_min_tokens=threshold)
     slots = [1, 2]
     backend.prepare_lora_batch(forward_batch("DECODE", 2), slots, RANKS, SCALINGS, False)
     gen = torch.Generator().manual_seed(4)
@@ -111,20 +121,23 @@ def test_a_decode_graph_batch_maps_padded_rows_to_no_adapter(backend_for):
     torch.testing.assert_close(out.double(), reference(x, weight, [2, 1, 0, 0]), rtol=1e-5, atol=1e-5)
 
 
-def test_small_eager_batches_run_per_op_and_graph_batches_dense(backend_for):
-    """Outside graphs the dense tier takes batches from EAGER_DENSE_MIN_TOKENS tokens on (smaller
-    ones launch from less Python on the per-op tier); inside graphs it takes every batch."""
+def test_small_eager_batches_run_from_compiled_handles_and_graph_batches_dense(backend_for):
+    """Outside graphs the dense tier takes batches from EAGER_DENSE_MIN_TOKENS tokens on; smaller
+    ones launch SGLang's Triton kernels from compiled handles (less host work per launch); inside
+    graphs the dense tier takes every batch."""
     from sglang_xpu_lora.backend.xpu import EAGER_DENSE_MIN_TOKENS
 
     backend = backend_for("triton", eager_dense_min_tokens=None)  # the shipped threshold
     assert backend.eager_dense_min_tokens == EAGER_DENSE_MIN_TOKENS
     backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[5, 3]), [1, 2], RANKS, SCALINGS, False)
-    assert not backend.dense_batch
+    assert (backend.dense_batch, backend.launch_batch) == (False, True)
     backend.prepare_lora_batch(forward_batch("EXTEND", 2, lens=[EAGER_DENSE_MIN_TOKENS - 1, 1]), [1, 2], RANKS, SCALINGS, False)
-    assert backend.dense_batch
+    assert (backend.dense_batch, backend.launch_batch) == (True, False)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
     backend.prepare_lora_batch(forward_batch("DECODE", 2), [2, 1], RANKS, SCALINGS, True)
-    assert backend.dense_batch
+    assert (backend.dense_batch, backend.launch_batch) == (True, False)
+    backend.reset_batch_state()
+    assert (backend.dense_batch, backend.launch_batch) == (False, False)
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

@@ -7,11 +7,14 @@ SGLang hands every LoRA'd layer to the backend in one call, ``forward_with_base`
   overlapped with the base GEMM, plans from a table per device family, for the linears of graph
   batches and of eager batches from ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` tokens, wherever the
   selection names SGLang's Triton kernels (:meth:`IntelXpuLoRABackend.dense_serves`);
+* the **compiled-handle launches** (:mod:`sglang_xpu_lora.providers.triton_launch`): the linears
+  of smaller eager batches, on the same selection, on SGLang's legacy Triton kernels as its
+  ``triton`` backend launches them, each launch straight to the compiled kernel;
 * the **per-op tier**, described below: the layer's ``apply_lora`` calls the ``run_*`` methods,
-  each routed to one op of the provider selected for it; it serves everything else (smaller eager
-  batches, the embedding, lm_head, native and portable ops).
+  each routed to one op of the provider selected for it; it serves everything else (the embedding,
+  lm_head, native and portable ops).
 
-At TP > 1 both make one collective of base + LoRA per row-parallel linear.
+At TP > 1 each makes one collective of base + LoRA per row-parallel linear.
 
 The class inherits from SGLang 0.5.23's ``TritonLoRABackend`` everything that is not math:
 ``prepare_lora_batch`` (per-request segments for extend, TARGET_VERIFY through
@@ -88,6 +91,7 @@ from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace, fork_join_captu
 from sglang_xpu_lora.patches.mem_pool import require_zeroed_slots
 from sglang_xpu_lora.providers import SelectionLog, select_ops, triton_support
 from sglang_xpu_lora.providers.batch_binding import batch_arguments
+from sglang_xpu_lora.providers.triton_launch import TritonLinearLaunches
 from sglang_xpu_lora.settings import EAGER_DENSE_MIN_TOKENS_ENV, env_count
 
 
@@ -160,8 +164,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         )
         if self.dense is not None:  # off CUDA decided by a trial capture at graph set-up
             self.dense.workspace.overlap_in_graphs = torch.device(self.device).type == "cuda"
-        #: Whether the current batch's linears run on the dense tier (set per batch).
-        self.dense_batch = False
+        #: The linears of eager batches below the dense tier's threshold, where the selection gives
+        #: them to SGLang's Triton kernels: launched from compiled handles
+        #: (:mod:`sglang_xpu_lora.providers.triton_launch`); None where it never does.
+        self.linear_launches = TritonLinearLaunches() if self.op_selection.dense_tier_serves(False) else None
+        #: Whether the current batch's linears run on the dense tier, or on :attr:`linear_launches`
+        #: (set per batch; both False: the per-op tier).
+        self.dense_batch = self.launch_batch = False
         #: From how many tokens an eager batch runs on the dense tier (:meth:`dense_serves`).
         self.eager_dense_min_tokens = eager_dense_min_tokens()
         logger.info("%s", built_line(self.name, device, self.op_selection, self.dense))
@@ -285,6 +294,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         graph = use_cuda_graph or use_prefill_cuda_graph
         self.routes.start_batch(self._batch_infos(), self.op_selection, build_now=graph)
         self.dense_batch = self.dense_serves(graph, self.batch_info.expected_tokens)
+        self._begin_linear_launches(graph)
         if self.dense_batch:
             info = self.batch_info
             self.dense.begin_lora_batch(
@@ -303,8 +313,9 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         (:meth:`~sglang_xpu_lora.providers.OpSelection.dense_tier_serves`; the native and portable
         ops stay per op), inside graphs always,
         outside them from :attr:`eager_dense_min_tokens` rows on (:data:`EAGER_DENSE_MIN_TOKENS`
-        unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the per-op Triton kernels
-        launch from less Python: on an H200, with the dense tier in every eager batch, it took
+        unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the linears run on
+        :attr:`linear_launches`, SGLang's legacy Triton kernels launched from compiled handles, with
+        far less host work per launch: on an H200, with the dense tier in every eager batch, it took
         1.1-2.2x the best peer's layer time at 512 prefill tokens and 2.6-3.4x in eager decode
         (``benchmarks/results/layer-cuda-runs/layer-cuda-dense-everywhere.json``), and at 8192
         tokens 0.55-0.96x (``benchmarks/results/layer-cuda.json``; docs/performance.md)."""
@@ -319,10 +330,20 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         if self.dense is not None:
             self.dense.reset_routes()
 
+    def _begin_linear_launches(self, graph: bool) -> None:
+        """Give this batch's linears to :attr:`linear_launches` where it serves them: an eager batch
+        (``graph`` False) that is not a dense batch, on a selection that gives eager linears to
+        SGLang's Triton kernels."""
+        self.launch_batch = self.linear_launches is not None and not graph and not self.dense_batch
+        if self.launch_batch:
+            self.linear_launches.begin_batch(self._sgemm_info())
+
     def reset_batch_state(self):
-        """SGLang's idle-forward reset; no batch for the dense tier either."""
+        """SGLang's idle-forward reset; no batch for the dense tier or the linear launches either."""
         super().reset_batch_state()
-        self.dense_batch = False
+        self.dense_batch = self.launch_batch = False
+        if self.linear_launches is not None:
+            self.linear_launches.end_batch()
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
@@ -330,7 +351,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
         self.routes.start_batch(self._batch_infos(), self.op_selection)
-        self.dense_batch = False  # explicit segments: the per-op tier
+        self.dense_batch = False  # explicit segments: not the dense tier
+        self._begin_linear_launches(graph=False)
 
     def _batch_infos(self) -> list:
         """This batch's distinct batch infos (request view, sgemm routing view, lm_head views)."""
@@ -370,14 +392,18 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         replicated, so the sum over ranks of each rank's ``base + B(A x)`` is the full result).
 
         Linears of a dense batch (:attr:`dense_batch`) run on the dense tier (SGLang's ``triton_v2``
-        kernels, plan per call, overlapped with the base GEMM: :mod:`sglang_xpu_lora.dense`); the
-        embedding, lm_head (with its ``pruned_batch_info``, read by the layer) and every other batch
-        run the layer's ``apply_lora``, i.e. the per-op ``run_*`` methods below.
+        kernels, plan per call, overlapped with the base GEMM: :mod:`sglang_xpu_lora.dense`), those
+        of a launch batch (:attr:`launch_batch`) on :attr:`linear_launches`; the embedding, lm_head
+        (with its ``pruned_batch_info``, read by the layer) and every other batch run the layer's
+        ``apply_lora``, i.e. the per-op ``run_*`` methods below.
         """
-        if self.dense_batch and kind == DenseLoraKind.LINEAR:
-            dense = self.dense
-            plan = dense.plan_for(kind, lora_b.shape[-1], lora_a.shape[-1], offsets[-1], num_tokens=x.shape[0])
-            return dense.apply(x, base_fn, plan, a=lora_a, b=lora_b, offsets=offsets, all_reduce=all_reduce)
+        if kind == DenseLoraKind.LINEAR:
+            if self.launch_batch:
+                return self.linear_launches.forward(x, base_fn, lora_a, lora_b, output_offset, offsets, all_reduce)
+            if self.dense_batch:
+                dense = self.dense
+                plan = dense.plan_for(kind, lora_b.shape[-1], lora_a.shape[-1], offsets[-1], num_tokens=x.shape[0])
+                return dense.apply(x, base_fn, plan, a=lora_a, b=lora_b, offsets=offsets, all_reduce=all_reduce)
         output = layer.apply_lora(base_fn(), x)
         return output if all_reduce is None else all_reduce(output)
 

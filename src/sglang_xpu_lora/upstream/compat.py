@@ -169,7 +169,10 @@ def check_host() -> list[str]:
             "or a sglang-xpu-lora release that supports this SGLang"
         ]
     source_targets = tuple(target for target, _, _ in targets.REQUIRED_SOURCE)
-    checked = tuple(dict.fromkeys((*targets.ALL, *targets.REQUIRED_PARAMETERS, *targets.REQUIRED_ATTRIBUTES, *source_targets)))
+    checked = tuple(dict.fromkeys((
+        *targets.ALL, *targets.REQUIRED_PARAMETERS, *targets.REQUIRED_KERNEL_ARGUMENTS, *targets.REQUIRED_ATTRIBUTES,
+        *source_targets,
+    )))
     unresolved = unresolved_targets(checked)
     problems, failures = [], {}
     for target, error in unresolved.items():
@@ -195,6 +198,15 @@ def check_host() -> list[str]:
         missing = [n for n in names if n not in params]
         if missing:
             problems.append(f"SGLang {version}: {target} lacks parameter(s) {', '.join(missing)}")
+    for target, names in targets.REQUIRED_KERNEL_ARGUMENTS.items():
+        if target in unresolved:
+            continue
+        found = tuple(getattr(resolve(target), "arg_names", ()))
+        if found != names:
+            problems.append(
+                f"SGLang {version}: the Triton kernel {target} takes ({', '.join(found)}), "
+                f"not ({', '.join(names)}) as the plugin launches it"
+            )
     for target, names in targets.REQUIRED_ATTRIBUTES.items():
         if target in unresolved:
             continue

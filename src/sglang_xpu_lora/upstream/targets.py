@@ -8,6 +8,8 @@
   overrides on its instances (``LoRAMemoryPool.A_buffer``, ``LoRABatchInfo.permutation``...);
 * :data:`MODEL_ATTRIBUTES`: attributes of SGLang model classes, checked in their modules' source
   (those modules are too heavy to import at plugin load);
+* :data:`REQUIRED_KERNEL_ARGUMENTS`: the argument lists of the Triton kernels the plugin launches
+  with positional arguments;
 * :data:`REQUIRED_SOURCE`: text an SGLang function must still contain, where the plugin depends on
   how SGLang does something rather than on a name.
 
@@ -102,6 +104,11 @@ TRITON_SGEMM_LORA_A = _TRITON_DENSE + "sgemm_lora_a.sgemm_lora_a_fwd"
 TRITON_SGEMM_LORA_B = _TRITON_DENSE + "sgemm_lora_b.sgemm_lora_b_fwd"
 TRITON_QKV_LORA_B = _TRITON_DENSE + "qkv_lora_b.qkv_lora_b_fwd"
 TRITON_GATE_UP_LORA_B = _TRITON_DENSE + "gate_up_lora_b.gate_up_lora_b_fwd"
+# Their triton.jit kernels, launched from compiled handles in eager batches (providers/triton_launch.py).
+TRITON_SGEMM_LORA_A_KERNEL = _TRITON_DENSE + "sgemm_lora_a._sgemm_lora_a_kernel"
+TRITON_SGEMM_LORA_B_KERNEL = _TRITON_DENSE + "sgemm_lora_b._sgemm_lora_b_kernel"
+TRITON_QKV_LORA_B_KERNEL = _TRITON_DENSE + "qkv_lora_b._qkv_lora_b_kernel"
+TRITON_GATE_UP_LORA_B_KERNEL = _TRITON_DENSE + "gate_up_lora_b._gate_up_lora_b_kernel"
 FUSED_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"  # LoRA on it runs outside the backend
 LORA_BATCH_LAYOUT = "sglang.srt.runtime_context.LoRABatchLayout"
 PREFILL_GRAPH_RUNNER_INIT = (
@@ -322,8 +329,29 @@ EMBEDDING_AS_LM_HEAD = {
     "MiniCPM3ForCausalLM": True,
 }
 
+#: SGLang's Triton kernels launched with positional arguments (providers/triton_launch.py): their
+#: argument lists, in order (``JITFunction.arg_names``).
+_LORA_INDICES = ("seg_lens", "seg_indptr", "weight_indices", "lora_ranks")
+_STRIDES = ("x_stride_0", "x_stride_1", "w_stride_0", "w_stride_1", "w_stride_2", "output_stride_0", "output_stride_1")
+_ROWS_AND_TILES = ("sorted_token_ids", "SORTED_BY_ADAPTER", "BLOCK_S", "BLOCK_N", "BLOCK_K")
+REQUIRED_KERNEL_ARGUMENTS = {
+    TRITON_SGEMM_LORA_A_KERNEL: ("x", "weights", "output", "N", "K", "stack_num", *_STRIDES, *_LORA_INDICES,
+                                 *_ROWS_AND_TILES),
+    TRITON_SGEMM_LORA_B_KERNEL: ("x", "weights", "output", "N", "K", *_STRIDES, *_LORA_INDICES, *_ROWS_AND_TILES,
+                                 "scalings"),
+    TRITON_QKV_LORA_B_KERNEL: ("x", "weights", "output", "K", "max_qkv_out_dim", *_STRIDES, *_LORA_INDICES, "n_offs",
+                               *_ROWS_AND_TILES, "scalings"),
+    TRITON_GATE_UP_LORA_B_KERNEL: ("x", "weights", "output", "K", "output_dim", *_STRIDES, *_LORA_INDICES,
+                                   *_ROWS_AND_TILES, "scalings"),
+}
+
 #: Source anchors: (callable, text its source must contain, why the plugin depends on it).
+_TILES_WHY = "the eager linears launch SGLang's Triton kernels with its wrappers' tiles (providers/triton_launch.py)"
 REQUIRED_SOURCE = (
+    (TRITON_SGEMM_LORA_A, "BLOCK_S = 16\n    BLOCK_K = 256\n    BLOCK_R = 16", _TILES_WHY),
+    (TRITON_SGEMM_LORA_B, "BLOCK_S = 16\n    BLOCK_R = 16\n    BLOCK_N = 256", _TILES_WHY),
+    (TRITON_QKV_LORA_B, "BLOCK_S = 16\n    BLOCK_R = 16\n    BLOCK_OUT = 64", _TILES_WHY),
+    (TRITON_GATE_UP_LORA_B, "BLOCK_S = 16\n    BLOCK_R = 16\n    BLOCK_OUT = 64", _TILES_WHY),
     (
         PREFILL_GRAPH_RUNNER_INIT,
         "max_num_requests=",
