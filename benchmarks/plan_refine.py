@@ -1,0 +1,259 @@
+"""Plan refinement: choose the dense tier's decode plans by timing whole layers, not linears alone.
+
+:mod:`benchmarks.plan_sweep` times each linear alone, with its route built outside the timing; a
+layer builds one route per forward for its four linears and runs them back to back, and in a whole
+layer some of the sweep's winners lose (docs/performance.md, "Why the graph misses remain"). This
+takes the table the sweep wrote and, per group of the layer benchmark's graph grid (model shape,
+pool rank, tokens: the key of a table row), runs coordinate descent over the four linears: for
+each linear in turn, each alternative plan (the sweep's ``--top`` fastest for it at the point,
+SGLang's own plan, the table's current one) is tried in the whole layer with the other linears'
+plans fixed, and kept when the layer gets faster by more than ``--margin``. The layer is the one
+:mod:`benchmarks.layer` measures (its ``Server``, ``Case`` and ``measure_path``: graph-captured
+decode, every output checked against float64), at every configuration of the group in that grid
+(real rank 16 and 64 under a pool of 64, 16 under 16; 1, 4 and 8 adapters); the objective is
+their summed layer time. A chosen plan that is not the table's becomes that row's spec (name
+suffixed ``.layer``, or ``.sglang`` for SGLang's plan); ``triton_v2`` is timed at the same
+configurations for the results.
+
+    python -m benchmarks.plan_refine --device cuda            # on the H200, after the sweep: rewrites configs/sm90.plans.json
+    python -m benchmarks.plan_refine --device cuda --compile-only --shard 0/8   # fill Triton's cache in parallel first
+    python -m benchmarks.plan_refine --quick                  # CPU smoke run (interpreter)
+
+Writes ``plan-refine-<device>[-quick].json`` under ``--results``: per group the configurations'
+``intel_xpu`` and ``triton_v2`` layer times before and after, and every evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+import types
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, machine
+from benchmarks.layer import RANK_POINTS, TOLERANCE, Server, measure_path, reference
+from benchmarks.ops import TINY, Case
+from benchmarks.plan_sweep import DECODE_TOKENS, candidates, spec_label, spec_of
+
+#: Adapter counts of the layer benchmark's graph grid.
+ADAPTERS = (1, 4, 8)
+
+
+class ChosenPlans:
+    """A plan source for the dense runner: ``chosen[(K, N)]`` where given, else ``table``'s."""
+
+    def __init__(self, table, chosen: dict):
+        self.table, self.chosen = table, chosen
+
+    def plan_for(self, kind, phase, tokens, max_rank, in_features, out_features):
+        plan = self.chosen.get((in_features, out_features))
+        if plan is not None:
+            return plan
+        return self.table.plan_for(kind, phase, tokens, max_rank, in_features, out_features)
+
+
+def sweep_ranking(path: Path) -> dict:
+    """(model, linear, pool rank, tokens) -> the decode candidates' labels, fastest first, from a
+    :mod:`benchmarks.plan_sweep` results file."""
+    if not path.exists():
+        return {}
+    ranking = {}
+    for entry in json.loads(path.read_text())["points"]:
+        p = entry["point"]
+        if p["phase"] != "decode":
+            continue
+        timed = sorted((c for c in entry["candidates"] if "us" in c), key=lambda c: c["us"])
+        ranking[(p["model"], p["linear"], p["pool_rank"], p["tokens"])] = [c["label"] for c in timed]
+    return ranking
+
+
+def alternatives(model, linear: str, pool_rank: int, tokens: int, table, ranking: dict, args) -> list[tuple[str, object]]:
+    """``(name, DensePlan)`` tried for ``linear`` in a group: the table's current plan first, then
+    SGLang's own plan (its table for ``args.architecture``) and the sweep's ``args.top`` fastest,
+    without repeats."""
+    from sglang.srt.lora.dense.plan import DenseLoraKind, DensePlanTable
+    from sglang.srt.lora.utils import Phase
+
+    from sglang_xpu_lora.dense.plans import plan_from_spec
+
+    in_dim, outs = model.modules()[linear]
+    kind, phase = DenseLoraKind.LINEAR, Phase.DECODE
+    found = [("table", table.plan_for(kind, phase, tokens, pool_rank, in_dim, sum(outs)))]
+    found.append(("sglang", DensePlanTable(args.architecture, pool_rank).plan_for(kind, phase, tokens, in_dim, sum(outs))))
+    by_label = {spec_label(spec): spec for spec in candidates("decode")}
+    for label in ranking.get((model.name, linear, pool_rank, tokens), [])[: args.top]:
+        found.append((label, plan_from_spec(by_label[label])))
+    unique, seen = [], set()
+    for name, plan in found:
+        key = json.dumps(spec_of(plan), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append((name, plan))
+    return unique
+
+
+def configurations(model, pool_rank: int, tokens: int, device, dtype, quick: bool) -> list[tuple[Case, int]]:
+    """The group's configurations of the layer benchmark's graph grid: ``(case, adapters)``."""
+    ranks = [rank for max_rank, rank in RANK_POINTS if max_rank == pool_rank] or [pool_rank]
+    return [
+        (Case(model, pool_rank, adapters, tokens, "decode", dtype, device, real_rank=rank), adapters)
+        for rank, adapters in itertools.product(ranks, (2,) if quick else ADAPTERS)
+    ]
+
+
+def layer_time(server: Server, configs: list, plans, args, path: str = "intel_xpu") -> tuple[float, list]:
+    """Summed layer time (µs) of ``path`` over ``configs`` with ``plans`` as the dense tier's plan
+    source (``intel_xpu``), and each configuration's result; inf when one fails."""
+    if path == "intel_xpu":
+        server.backends[path].dense.plans = plans
+    total, results = 0.0, []
+    for case, adapters, ref in configs:
+        result = measure_path(server, path, case, args.mode, adapters, ref, args)
+        results.append({k.removeprefix(f"{path}_"): v for k, v in result.items()})
+        total += result.get(f"{path}_us", float("inf")) if f"{path}_failed" not in result else float("inf")
+    return total, results
+
+
+def refine_group(model, pool_rank: int, tokens: int, server: Server, table, ranking: dict, args) -> dict:
+    """Coordinate descent over the linears of one group (module docstring); returns the group's record."""
+    device, dtype = server.device, server.dtype
+    configs = [(case, adapters, reference(server, case, adapters))
+               for case, adapters in configurations(model, pool_rank, tokens, device, dtype, args.quick)]
+    options = {name: alternatives(model, name, pool_rank, tokens, table, ranking, args) for name in model.modules()}
+    choice = {name: found[0] for name, found in options.items()}
+    evaluations = []
+
+    def evaluate(trial: dict) -> float:
+        plans = ChosenPlans(table, {
+            (model.modules()[name][0], sum(model.modules()[name][1])): plan for name, (_, plan) in trial.items()
+        })
+        total, _ = layer_time(server, configs, plans, args)
+        evaluations.append(dict(plans={name: label for name, (label, _) in trial.items()}, us=total))
+        return total
+
+    before = best = evaluate(choice)
+    for name in model.modules():
+        for alternative in options[name][1:]:
+            trial = {**choice, name: alternative}
+            total = evaluate(trial)
+            if total < best * (1 - args.margin):
+                choice, best = trial, total
+    final_plans = ChosenPlans(table, {
+        (model.modules()[name][0], sum(model.modules()[name][1])): plan for name, (_, plan) in choice.items()
+    })
+    after_us, after = layer_time(server, configs, final_plans, args)
+    before_us, before_rows = layer_time(server, configs, ChosenPlans(table, {}), args)
+    peer_us, peer = layer_time(server, configs, None, args, path="triton_v2") if "triton_v2" in server.backends else (None, None)
+    return dict(
+        model=model.name, pool_rank=pool_rank, tokens=tokens, configs=[(c.real_rank, a) for c, a, _ in configs],
+        chosen={name: label for name, (label, _) in choice.items()},
+        specs={name: spec_of(plan) for name, (label, plan) in choice.items() if label != "table"},
+        before_us=before_us, after_us=after_us, triton_v2_us=peer_us, first_before_us=before,
+        before=before_rows, after=after, triton_v2=peer, evaluations=evaluations,
+    )
+
+
+def rewrite_table(path: Path, groups: list[dict], models: dict) -> int:
+    """Write each group's chosen non-table plans into the table's decode rows of their point, only
+    where the final re-measurement kept the layer faster; returns the rows rewritten."""
+    payload = json.loads(path.read_text())
+    rows, changed = payload["rows"], 0
+    for group in groups:
+        if not group["specs"] or not group["after_us"] < group["before_us"]:
+            continue
+        model = models[group["model"]]
+        for name, spec in group["specs"].items():
+            in_dim, outs = model.modules()[name]
+            suffix = ".sglang" if group["chosen"][name] == "sglang" else ".layer"
+            for row in rows:
+                if (row["phase"], row["max_rank"], row["max_tokens"], row["min_in_features"], row["min_out_features"]) == (
+                    "decode", group["pool_rank"], group["tokens"], in_dim, sum(outs)
+                ):
+                    row["spec"] = spec
+                    row["name"] = row["name"].removesuffix(".sglang").removesuffix(".layer") + suffix
+                    changed += 1
+    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    return changed
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny layer, one group")
+    parser.add_argument("--models", nargs="*", choices=list(MODELS))
+    parser.add_argument("--tokens", nargs="*", type=int, help=f"decode token counts (default {DECODE_TOKENS})")
+    parser.add_argument("--pool-ranks", nargs="*", type=int, help="pool ranks (default 64 16)")
+    parser.add_argument("--top", type=int, default=3, help="the sweep's fastest plans tried per linear")
+    parser.add_argument("--margin", type=float, default=0.005, help="a change is kept when the layer gets this much faster")
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compile-only", action="store_true", help="run every alternative once outside graphs, no timing")
+    parser.add_argument("--shard", default="0/1", help="i/n: only every n-th group from the i-th (parallel compile runs)")
+    parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting groups after this")
+    parser.add_argument("--table", help="the plan table to refine (default: the shipped table of the device family)")
+    parser.add_argument("--sweep", default=str(RESULTS / "plan-sweep-cuda.json"), help="the sweep's results (its rankings)")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device = "cpu"
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if device.type == "cpu":  # Triton's interpreter, set before SGLang's kernels are defined
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from sglang_xpu_lora.dense.plans import CONFIG_DIR, PlanTable, device_family, sglang_architecture
+
+    table_path = Path(args.table) if args.table else CONFIG_DIR / f"{device_family(device)}.plans.json"
+    if args.quick and not args.table:
+        table_path = Path(args.results) / "plan-refine-quick.plans.json"
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        table_path.write_text(json.dumps({"rows": []}) + "\n")
+    os.environ["SGLANG_XPU_LORA_PLANS"] = str(table_path)  # the backend's own table is the one refined
+    os.environ["SGLANG_XPU_LORA_KERNELS"] = "triton"  # the linears on the dense tier (no native ops)
+    args.architecture = sglang_architecture(device)
+    args.mode = "graph" if device.type in GRAPH_DEVICES and not args.compile_only else "eager"
+    args.prefill_calls = args.prefill_rounds = 1
+    if args.compile_only:
+        args.calls = args.rounds = 1
+    args.tolerance = TOLERANCE[dtype]
+    layer_args = types.SimpleNamespace(modes=[args.mode], emulated_build=None)
+    models = {TINY.name: TINY} if args.quick else {m: MODELS[m] for m in (args.models or MODELS)}
+    groups = [
+        (model, rank, tokens)
+        for model in models.values()
+        for rank in ((16,) if args.quick else (args.pool_ranks or (64, 16)))
+        for tokens in ((8,) if args.quick else (args.tokens or DECODE_TOKENS))
+    ]
+    shard, shards = (int(v) for v in args.shard.split("/"))
+    ranking, records, started = sweep_ranking(Path(args.sweep)), [], time.perf_counter()
+    server = None
+    for model, rank, tokens in groups[shard::shards]:
+        if time.perf_counter() - started > args.budget_seconds:
+            print(f"budget spent: stopped before {model.name} rank {rank} tokens {tokens}", flush=True)
+            break
+        if server is None or (server.model, server.max_rank) != (model, rank):
+            server = None
+            server = Server(model, rank, ["intel_xpu"] if args.quick else ["intel_xpu", "triton_v2"], dtype, device, layer_args)
+            if args.mode == "eager":
+                server.backends["intel_xpu"].eager_dense_min_tokens = 1  # the dense tier outside graphs too
+        table = PlanTable(device, args.architecture)
+        record = refine_group(model, rank, tokens, server, table, ranking, args)
+        records.append(record)
+        ratio = "" if record["triton_v2_us"] is None else (
+            f"; vs triton_v2 {record['before_us'] / record['triton_v2_us']:.3f} -> {record['after_us'] / record['triton_v2_us']:.3f}")
+        print(f"{model.name} rank {rank} tokens {tokens}: {record['before_us']:.1f} -> {record['after_us']:.1f} us "
+              f"({', '.join(f'{k}={v}' for k, v in record['chosen'].items())}){ratio}", flush=True)
+    if args.compile_only:
+        return
+    changed = rewrite_table(table_path, records, models)
+    results = Path(args.results) / f"plan-refine-{device.type}{'-quick' if args.quick else ''}.json"
+    results.write_text(json.dumps(dict(machine=machine(), args=vars(args), groups=records), indent=1, default=str))
+    print(f"{changed} rows of {table_path} rewritten; wrote {results}")
+
+
+if __name__ == "__main__":
+    main()
