@@ -210,3 +210,18 @@ def test_the_key_tells_apart_what_triton_specializes_on():
     a3, b3 = pool(SLICES["qkv"], torch.float16)
     forward_once(launches, x, a3, b3, (0, 16, 24, 32))
     assert len(kernels["shrink"].compiles) == 5 and len(kernels["expand_bands"].compiles) == 1
+
+
+def test_the_key_tells_apart_the_band_offsets_dtype():
+    """Triton specializes the expand's ``n_offs`` pointer on its dtype as on every tensor's: a kernel
+    compiled for int32 band offsets must not be launched with int64 ones (it would read each int64
+    as two int32s, band bounds of another layout, and add into other columns)."""
+    launches, kernels = stand_in_launches()
+    a, b = pool(SLICES["qkv"], torch.float16)
+    offsets = (0, 16, 24, 32)
+    x = torch.randn(len(ROWS), K, dtype=torch.float16)
+    for dtype in (torch.int32, torch.int64):
+        launches.begin_batch(batch_info(ROWS, False))
+        base = torch.zeros(x.shape[0], offsets[-1], dtype=x.dtype)
+        launches.forward(x, lambda: base, a, b, torch.tensor(offsets, dtype=dtype), offsets)
+    assert len(kernels["expand_bands"].compiles) == 2 and kernels["expand_bands"].launches == []
