@@ -223,7 +223,7 @@ class TritonLinearLaunches:
                 if output_offset is None:  # every SGLang layer of several slices sets one; a stand-in may not
                     output_offset = torch.tensor(offsets, dtype=torch.int32, device=output.device)
                 self.expand_bands.launch(
-                    (ints, common, _aligned(output_offset)), grid,
+                    (ints, common, output_offset.dtype, _aligned(output_offset)), grid,
                     (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, ROW_TILE,
                      block_n, block_k, scalings),
                 )
