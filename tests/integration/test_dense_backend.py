@@ -55,7 +55,10 @@ def backend_for(monkeypatch, sglang_plugins_loaded):
 def forward(backend, x, weight, all_reduce=None):
     a, b = pool_weights(RANKS, 3, OUT_DIMS, RANK, HIDDEN, seed=0)
     layer = Layer(backend, a, b)
-    out = backend.forward_with_base(layer, x, lambda: x @ weight.t(), a, b, None, OFFSETS, all_reduce=all_reduce)
+    out = backend.forward_with_base(
+        layer, x, lambda: x @ weight.t(), a, b, torch.tensor(OFFSETS, dtype=torch.int32), OFFSETS,
+        all_reduce=all_reduce,
+    )
     return out, layer
 
 

@@ -224,8 +224,8 @@ class TritonLinearLaunches:
 
         x: ``(tokens, K)``; ``base_fn()``: ``(tokens, >= offsets[-1])``, x's dtype; lora_a:
         ``(slots, n * max_rank, K)``; lora_b: ``(slots, offsets[-1], max_rank)``; output_offset:
-        ``(n + 1,)`` int32 on the device (read for three or more slices, or two unequal ones; built from
-        ``offsets`` when None), ``offsets`` the same host integers (``n`` output slices).
+        ``(n + 1,)`` int32 on the device (read for three or more slices, or two unequal ones; every
+        SGLang layer of several slices has one), ``offsets`` the same host integers (``n`` output slices).
         Returns the base output with LoRA added in place.
 
         Raises:
@@ -270,8 +270,6 @@ class TritonLinearLaunches:
                      block_k, scalings),
                 )
             else:
-                if output_offset is None:  # every SGLang layer of several slices sets one; a stand-in may not
-                    output_offset = torch.tensor(offsets, dtype=torch.int32, device=output.device)
                 self.expand_bands.launch(
                     (ints, common, output_offset.dtype, _aligned(output_offset)), grid,
                     (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, ROW_TILE,
