@@ -51,6 +51,8 @@ from sglang_xpu_lora.upstream.compat import resolve
 if TYPE_CHECKING:
     from sglang.srt.lora.utils import LoRABatchInfo
 
+logger = logging.getLogger(__name__)
+
 #: The tiles of SGLang's wrappers, checked against their source by the compat guard
 #: (``targets.REQUIRED_SOURCE``): rows per program (``BLOCK_S``, the same in all four), and per kernel
 #: its ``(BLOCK_N, BLOCK_K)`` as the kernel names them.
@@ -71,8 +73,6 @@ def _kernels() -> types.SimpleNamespace:
         expand_two=resolve(targets.TRITON_GATE_UP_LORA_B_KERNEL),
     )
 
-
-logger = logging.getLogger(__name__)
 
 #: The launcher call of Triton's ``JITFunction.run`` that :meth:`CompiledLaunches.launch` repeats
 #: (Triton 3.4 to 3.8), without whitespace: the stream of the current device, then all the
