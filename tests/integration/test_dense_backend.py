@@ -55,7 +55,10 @@ def backend_for(monkeypatch, sglang_plugins_loaded):
 def forward(backend, x, weight, all_reduce=None):
     a, b = pool_weights(RANKS, 3, OUT_DIMS, RANK, HIDDEN, seed=0)
     layer = Layer(backend, a, b)
-    out = backend.forward_with_base(layer, x, lambda: x @ weight.t(), a, b, None, OFFSETS, all_reduce=all_reduce)
+    out = backend.forward_with_base(
+        layer, x, lambda: x @ weight.t(), a, b, torch.tensor(OFFSETS, dtype=torch.int32), OFFSETS,
+        all_reduce=all_reduce,
+    )
     return out, layer
 
 
@@ -171,3 +174,51 @@ def test_the_built_line_names_the_dense_tier_and_its_plans(backend_for, caplog):
         backend_for("triton")
     assert "dense tier (SGLang's triton_v2 kernels, plans from" in caplog.text
     assert "SGLang's default" in caplog.text
+
+
+#: Eager batches below the dense threshold, as SGLang prepares them: (how, arguments, token rows).
+EAGER_BATCHES = {
+    "extend": ("batch", (("EXTEND", 3), {"lens": [3, 2, 4]}, [1, 0, 2]), 9),
+    "decode": ("batch", (("DECODE", 4), {}, [2, 1, 1, 0]), 4),
+    "target-verify": ("batch", (("TARGET_VERIFY", 2), {"draft": 3}, [2, 1]), 6),
+    "token-segments": ("segments", ([2, 0, 3], [1, 0, 2]), 5),
+}
+
+
+@pytest.mark.parametrize("batch", list(EAGER_BATCHES))
+def test_compiled_handle_launches_equal_sglang_triton_backend_bit_for_bit(backend_for, batch):
+    """The launches are SGLang's ``triton`` backend's, kernels, tiles and grids: the same bits for
+    every slice form SGLang's layers have (one, gate/up, MLA's two uneven, q/k/v, GDN's four),
+    every eager batch form (its explicit token segments with int64 ranks included), a layer whose
+    base output is wider than its LoRA (prefix partitions) and a non-contiguous input (which
+    SGLang's wrappers refuse: it gets the contiguous copy)."""
+    from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+
+    how, arguments, tokens = EAGER_BATCHES[batch]
+    ours = backend_for("triton", eager_dense_min_tokens=None)
+    theirs = TritonLoRABackend(max_loras_per_batch=MAX_LORAS, device=torch.device("cpu"))
+    for backend in (ours, theirs):
+        if how == "batch":
+            (mode, size), extra, slots = arguments
+            backend.prepare_lora_batch(forward_batch(mode, size, **extra), slots, RANKS, SCALINGS, False)
+        else:
+            backend.prepare_lora_token_segments(
+                segment_lens=arguments[0], weight_indices=arguments[1], lora_ranks=RANKS, scalings=SCALINGS
+            )
+    assert ours.launch_batch
+    gen = torch.Generator().manual_seed(6)
+    for slices, extra in [((8,), 0), ((8, 8), 3), ((8, 4), 0), ((8, 4, 4), 2), ((4, 4, 6, 2), 0)]:
+        a, b = pool_weights(RANKS, len(slices), slices, RANK, HIDDEN, seed=len(slices))
+        offsets = (0, *torch.tensor(slices).cumsum(0).tolist())
+        output_offset = torch.tensor(offsets, dtype=torch.int32)
+        x = torch.randn(HIDDEN, 2 * tokens, generator=gen)[:, ::2].t()  # strides (2, 2 * tokens)
+        base = torch.randn(tokens, offsets[-1] + extra, generator=gen)
+        out = ours.forward_with_base(None, x, base.clone, a, b, output_offset, offsets)
+        x, expected = x.contiguous(), base.clone()
+        if len(slices) == 1:
+            theirs.run_lora_b_sgemm(theirs.run_lora_a_sgemm(x, a), b, base_output=expected)
+        elif len(slices) == 2 and slices[0] == slices[1]:
+            theirs.run_gate_up_lora(x, a, b, base_output=expected)
+        else:
+            theirs.run_qkv_lora(x, a, b, output_offset, max(slices), base_output=expected, n_slices=len(slices))
+        assert torch.equal(out, expected), slices

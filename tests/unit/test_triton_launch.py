@@ -158,7 +158,7 @@ def test_the_first_launch_of_a_key_compiles_later_ones_call_the_launcher():
     from sglang_xpu_lora.providers.triton_launch import CompiledLaunches
 
     kernel = StandInKernel()
-    launches = CompiledLaunches(kernel, current_stream=lambda: "stream")
+    launches = CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: "stream")
     launches.launch("k", (2, 3, 1), ("x", 7))
     assert kernel.compiles == [("x", 7)] and kernel.launches == []
     launches.launch("k", (2, 3, 1), ("y", 7))
@@ -173,7 +173,7 @@ def stand_in_launches():
 
     kernels = {name: StandInKernel() for name in ("shrink", "expand_one", "expand_bands", "expand_two")}
     launches = TritonLinearLaunches(
-        kernels=types.SimpleNamespace(**kernels), launches=lambda kernel: CompiledLaunches(kernel, current_stream=lambda: 0)
+        kernels=types.SimpleNamespace(**kernels), launches=lambda kernel: CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: 0)
     )
     return launches, kernels
 
@@ -210,3 +210,59 @@ def test_the_key_tells_apart_what_triton_specializes_on():
     a3, b3 = pool(SLICES["qkv"], torch.float16)
     forward_once(launches, x, a3, b3, (0, 16, 24, 32))
     assert len(kernels["shrink"].compiles) == 5 and len(kernels["expand_bands"].compiles) == 1
+
+
+def test_the_key_tells_apart_the_band_offsets_dtype():
+    """Triton specializes the expand's ``n_offs`` pointer on its dtype as on every tensor's: a kernel
+    compiled for int32 band offsets must not be launched with int64 ones (it would read each int64
+    as two int32s, band bounds of another layout, and add into other columns)."""
+    launches, kernels = stand_in_launches()
+    a, b = pool(SLICES["qkv"], torch.float16)
+    offsets = (0, 16, 24, 32)
+    x = torch.randn(len(ROWS), K, dtype=torch.float16)
+    for dtype in (torch.int32, torch.int64):
+        launches.begin_batch(batch_info(ROWS, False))
+        base = torch.zeros(x.shape[0], offsets[-1], dtype=x.dtype)
+        launches.forward(x, lambda: base, a, b, torch.tensor(offsets, dtype=dtype), offsets)
+    assert len(kernels["expand_bands"].compiles) == 2 and kernels["expand_bands"].launches == []
+
+
+def test_a_compiled_kernel_is_launched_only_on_the_device_it_was_loaded_for():
+    """A compiled kernel's handle is loaded on one device; ``JITFunction.run`` keeps a cache per
+    current device. After the current device changes, a key seen on another device goes through
+    ``JITFunction.run`` (which loads it there) rather than to the first device's handle, and each
+    launch gets the stream of the device it runs on."""
+    from sglang_xpu_lora.providers.triton_launch import CompiledLaunches
+
+    kernel, current = StandInKernel(), [0]
+    launches = CompiledLaunches(
+        kernel, current_device=lambda: current[0], current_stream=lambda device: f"stream-{device}"
+    )
+    for device in (0, 0, 1, 1, 0):
+        current[0] = device
+        launches.launch("k", (2, 3, 1), ("x", 7))
+    assert len(kernel.compiles) == 2 and launches.compiled_keys == 2
+    assert [launch[3] for launch in kernel.launches] == ["stream-0", "stream-1", "stream-0"]
+
+
+def test_a_triton_that_launches_otherwise_gets_every_launch_through_jitfunction_run(monkeypatch):
+    """The direct launch repeats the launcher call of Triton's ``JITFunction.run``, whose argument
+    list has changed between Triton releases (3.0-3.2 passed the non-constexpr arguments alone,
+    and ``kernel.metadata`` before ``packed_metadata``). With a ``JITFunction.run`` that does not
+    launch exactly as expected, nothing is launched directly: every launch goes through it."""
+    from sglang_xpu_lora.providers import triton_launch
+
+    assert triton_launch.launches_like_jit_run(), "the pinned Triton's JITFunction.run launches as expected"
+
+    def run(self, *args, grid, warmup, **kwargs):  # Triton 3.2's launch, never called
+        kernel = non_constexpr_vals = grid_0 = grid_1 = grid_2 = stream = launch_metadata = CompiledKernel = None
+        kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata,
+                   CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook, *non_constexpr_vals)
+
+    monkeypatch.setattr(JITFunction, "run", run)
+    assert not triton_launch.launches_like_jit_run()
+    kernel = StandInKernel()
+    launches = triton_launch.CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: 0)
+    for _ in range(3):
+        launches.launch("k", (2, 3, 1), ("x", 7))
+    assert len(kernel.compiles) == 3 and kernel.launches == [] and launches.compiled_keys == 0

@@ -15,7 +15,10 @@ returns the ``CompiledKernel``), later ones call the compiled kernel's launcher 
 ``JITFunction.run`` would pass it. The key that picks a compiled kernel is finer than Triton's own
 specialization: every integer argument exactly, every tensor's dtype and 16-byte alignment
 (what Triton specializes pointers on), the batch's ``permutation`` being None or not, so a launch
-never reaches a kernel compiled for other arguments. Triton's interpreter (``TRITON_INTERPRET=1``)
+never reaches a kernel compiled for other arguments; compiled kernels are kept per device, as
+Triton keeps them. The direct launch repeats the launcher call of the installed Triton's
+``JITFunction.run``, checked in its source (:func:`launches_like_jit_run`): a Triton that launches
+otherwise gets every launch through ``JITFunction.run``. Triton's interpreter (``TRITON_INTERPRET=1``)
 has no compiled kernels: there every launch goes through the interpreted function.
 
 The math is that of SGLang's Triton backend, per row ``t`` of segment ``s`` (slot
@@ -27,20 +30,28 @@ The math is that of SGLang's Triton backend, per row ``t`` of segment ``s`` (slo
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import types
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+
+try:
+    from triton import knobs
+except ImportError:  # Triton < 3.4: its JITFunction.run launches otherwise (launches_like_jit_run)
+    knobs = None
 
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
 
 if TYPE_CHECKING:
     from sglang.srt.lora.utils import LoRABatchInfo
+
+logger = logging.getLogger(__name__)
 
 #: The tiles of SGLang's wrappers, checked against their source by the compat guard
 #: (``targets.REQUIRED_SOURCE``): rows per program (``BLOCK_S``, the same in all four), and per kernel
@@ -63,6 +74,41 @@ def _kernels() -> types.SimpleNamespace:
     )
 
 
+#: The launcher call of Triton's ``JITFunction.run`` that :meth:`CompiledLaunches.launch` repeats
+#: (Triton 3.4 to 3.8), without whitespace: the stream of the current device, then all the
+#: kernel's arguments, constexprs included. Earlier releases passed the non-constexpr arguments
+#: alone, ``kernel.metadata`` or ``CompiledKernel``'s hooks; a release that launches otherwise gets
+#: every launch through ``JITFunction.run`` (:func:`launches_like_jit_run`).
+JIT_RUN_LAUNCH = (
+    "device=driver.active.get_current_device()",
+    "stream=driver.active.get_current_stream(device)",
+    "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
+    "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*bound_args.values())",
+)
+
+
+def launches_like_jit_run() -> bool:
+    """Whether the installed Triton's ``JITFunction.run`` launches a compiled kernel as
+    :meth:`CompiledLaunches.launch` does (:data:`JIT_RUN_LAUNCH`, read in its source); when not,
+    every launch goes through ``JITFunction.run`` (logged once)."""
+    return knobs is not None and _launches_like(JITFunction.run)
+
+
+@functools.cache
+def _launches_like(run) -> bool:
+    try:
+        source = "".join(inspect.getsource(run).split())
+    except (OSError, TypeError):
+        source = ""
+    matches = all(text in source for text in JIT_RUN_LAUNCH)
+    if not matches:
+        logger.warning(
+            "sglang-xpu-lora: Triton %s's JITFunction.run does not launch compiled kernels as the eager "
+            "LoRA linears' direct launches expect; every launch goes through JITFunction.run", triton.__version__,
+        )
+    return matches
+
+
 def _aligned(tensor: torch.Tensor) -> bool:
     """What Triton specializes a pointer argument on: its address divisible by 16."""
     return tensor.data_ptr() % 16 == 0
@@ -80,29 +126,32 @@ class CompiledLaunches:
     launches of the key call its launcher as ``JITFunction.run`` does, on the current stream of the
     current device, with Triton's launch hooks and metadata (profilers see them as usual).
 
-    One instance serves one device (a compiled kernel's handle is loaded on one). An interpreted
-    kernel (``TRITON_INTERPRET=1``) is launched through ``kernel[grid]`` every time.
-    ``current_stream``: what the launcher is given as the stream, by default Triton's driver's
-    current stream of its current device (as ``JITFunction.run`` asks for it).
+    Compiled kernels are kept per current device, as ``JITFunction.run`` keeps them (a compiled
+    kernel's handle is loaded on one device). An interpreted kernel (``TRITON_INTERPRET=1``), or
+    any kernel where the installed Triton launches otherwise (:func:`launches_like_jit_run`), is
+    launched through ``kernel[grid]`` every time. ``current_device``, ``current_stream(device)``:
+    what picks the compiled kernel and what the launcher is given as the stream, by default
+    Triton's driver's current device and its current stream (as ``JITFunction.run`` asks for them).
     """
 
-    __slots__ = ("kernel", "_handles", "_current_stream")
+    __slots__ = ("kernel", "_handles", "_current_device", "_current_stream")
 
-    def __init__(self, kernel, current_stream: Optional[Callable[[], object]] = None):
+    def __init__(
+        self, kernel, current_device: Optional[Callable[[], object]] = None,
+        current_stream: Optional[Callable[[object], object]] = None,
+    ):
         self.kernel = kernel
-        #: key -> compiled kernel; None for an interpreted kernel.
-        self._handles: Optional[dict] = {} if isinstance(kernel, JITFunction) else None
-        if self._handles is not None and current_stream is None:
-            device, stream = driver.active.get_current_device, driver.active.get_current_stream
-
-            def current_stream():
-                return stream(device())
-
-        self._current_stream = current_stream
+        #: (device, key) -> compiled kernel; None where every launch goes through ``kernel[grid]``.
+        self._handles: Optional[dict] = {} if isinstance(kernel, JITFunction) and launches_like_jit_run() else None
+        if self._handles is not None:
+            current_device = current_device or driver.active.get_current_device
+            current_stream = current_stream or driver.active.get_current_stream
+        self._current_device, self._current_stream = current_device, current_stream
 
     @property
     def compiled_keys(self) -> int:
-        """How many specializations have a compiled kernel here (0 for an interpreted kernel)."""
+        """How many specializations have a compiled kernel here, over all devices (0 for an
+        interpreted kernel)."""
         return 0 if self._handles is None else len(self._handles)
 
     def launch(self, key, grid: tuple, args: tuple) -> None:
@@ -110,13 +159,14 @@ class CompiledLaunches:
         if handles is None:
             self.kernel[grid](*args)
             return
-        compiled = handles.get(key)
+        device = self._current_device()
+        compiled = handles.get((device, key))
         if compiled is None:
             compiled = self.kernel.run(*args, grid=grid, warmup=False)
             if compiled is not None:
-                handles[key] = compiled
+                handles[(device, key)] = compiled
             return
-        stream = self._current_stream()
+        stream = self._current_stream(device)
         runtime = knobs.runtime
         compiled.run(
             grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
@@ -174,8 +224,8 @@ class TritonLinearLaunches:
 
         x: ``(tokens, K)``; ``base_fn()``: ``(tokens, >= offsets[-1])``, x's dtype; lora_a:
         ``(slots, n * max_rank, K)``; lora_b: ``(slots, offsets[-1], max_rank)``; output_offset:
-        ``(n + 1,)`` int32 on the device (read for three or more slices, or two unequal ones; built from
-        ``offsets`` when None), ``offsets`` the same host integers (``n`` output slices).
+        ``(n + 1,)`` int32 on the device (read for three or more slices, or two unequal ones; every
+        SGLang layer of several slices has one), ``offsets`` the same host integers (``n`` output slices).
         Returns the base output with LoRA added in place.
 
         Raises:
@@ -220,10 +270,8 @@ class TritonLinearLaunches:
                      block_k, scalings),
                 )
             else:
-                if output_offset is None:  # every SGLang layer of several slices sets one; a stand-in may not
-                    output_offset = torch.tensor(offsets, dtype=torch.int32, device=output.device)
                 self.expand_bands.launch(
-                    (ints, common, _aligned(output_offset)), grid,
+                    (ints, common, output_offset.dtype, _aligned(output_offset)), grid,
                     (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, ROW_TILE,
                      block_n, block_k, scalings),
                 )
