@@ -149,7 +149,9 @@ def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
 def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     """Where the linears run on the dense tier (SGLang's ``triton_v2`` kernels; :mod:`sglang_xpu_lora.dense`):
     the modes whose shrink the selection gives to SGLang's Triton kernels, the eager token threshold,
-    and the plan tables read, in order; None when the dense tier serves no batch.
+    whether smaller eager batches launch from compiled handles (``direct_launches``,
+    :func:`~sglang_xpu_lora.providers.triton_launch.launches_like_jit_run`), and the plan tables
+    read, in order; None when the dense tier serves no batch.
 
     Raises:
         ValueError: a bad ``SGLANG_XPU_LORA_PLANS`` table or ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS``.
@@ -158,6 +160,7 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
 
     from sglang_xpu_lora.backend.xpu import eager_dense_min_tokens
     from sglang_xpu_lora.dense.plans import PlanTable, sglang_architecture
+    from sglang_xpu_lora.providers.triton_launch import launches_like_jit_run
 
     modes = [mode for mode, use_graph in (("eager", False), ("graphs", True)) if selection.dense_tier_serves(use_graph)]
     if not modes:
@@ -166,6 +169,7 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     return {
         "modes": modes,
         "eager_min_tokens": eager_dense_min_tokens(),
+        "direct_launches": launches_like_jit_run(),
         "plans": PlanTable(device, sglang_architecture(device)).sources,
     }
 
@@ -209,9 +213,9 @@ def render_ops_section(report: dict[str, Any]) -> list[str]:
         )
         lines += wrap(f"Linears on the dense tier (SGLang's triton_v2 kernels) {where}; plans from {', '.join(dense['plans'])}")
         if "eager" in dense["modes"]:
-            lines += wrap(
-                "Linears of smaller eager batches: SGLang's triton kernels launched from compiled handles"
-            )
+            how = ("launched from compiled handles" if dense["direct_launches"]
+                   else "launched through Triton's JIT (this Triton's JITFunction.run launches otherwise)")
+            lines += wrap(f"Linears of smaller eager batches: SGLang's triton kernels {how}")
     probe = report.get("graph_probe")
     if isinstance(probe, list):
         lines.append(f"Capture probe ({PROBE_TOKENS} tokens, {PROBE_SLOTS} slots): {len(probe)} native ops tried")
