@@ -19,12 +19,26 @@ report with its exit status and the last lines of its output, and the next step 
 4. ``layer``: :mod:`benchmarks.layer`, one decoder layer with its base GEMMs through every SGLang
    LoRA backend (``triton``, ``csgmv``, ``triton_v2``, ``torch_native``) and ``intel_xpu``, graph
    decode, eager decode and prefill; a backend that fails on the device is recorded per point (in
-   SGLang 0.5.23 ``triton_v2`` fails on an Intel GPU at its first LoRA layer);
-5. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
+   SGLang 0.5.23 ``triton_v2`` fails on an Intel GPU at its first LoRA layer). ``intel_xpu``'s
+   dense tier runs on the shipped table of the device family where there is one (none for an
+   Intel GPU) and SGLang's own: ``SGLANG_XPU_LORA_PLANS`` is cleared for this step;
+5. ``plan_sweep``: :mod:`benchmarks.plan_sweep` on this device, Triton's cache filled first by
+   ``--sweep-compile-jobs`` compile-only processes at once, then every candidate plan timed per
+   linear; writes the plan table ``DIR/<device>.plans.json`` (within 80% of ``--step-timeout``:
+   the points the budget leaves out fall through to SGLang's table);
+6. ``layer_tuned``: the layer benchmark again (``base`` and ``intel_xpu``), with
+   ``SGLANG_XPU_LORA_PLANS`` naming that table, into ``DIR/layer-tuned/``: the report compares
+   ``intel_xpu`` with the tuned table against step 4 point by point and says how to serve with it
+   (``SGLANG_XPU_LORA_PLANS=DIR/<device>.plans.json sglang serve ...``); skipped when there is no
+   table with rows (``plan_sweep`` failed or was not run, here or before into the same folder);
+7. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
    step (a stand-in measured on this device);
-6. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
+8. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
    eager and with decode graphs; its ``BACKENDS``/``SCENARIOS``/``PORT`` settings apply from the
    environment); skipped unless ``--model`` and ``--adapters`` are given.
+
+``--steps`` picks steps, ``--skip`` leaves steps out (``--skip plan_sweep,layer_tuned``: no sweep);
+``--dry-run`` prints each step's command and environment and runs nothing.
 
 Writes ``DIR/sglang-xpu-lora-report.md`` (every section, each step's raw JSON embedded at the end)
 beside the steps' own files and ``DIR/kit.json`` (the step records). Exit status 0 when every step
@@ -39,7 +53,9 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -48,7 +64,15 @@ from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = "sglang-xpu-lora-report.md"
-STEPS = ("doctor", "capture_probe", "ops", "layer", "sync_cost", "serving")
+STEPS = ("doctor", "capture_probe", "ops", "layer", "plan_sweep", "layer_tuned", "sync_cost", "serving")
+#: ``sglang_xpu_lora.settings.PLANS_ENV``, spelled here: the kit imports nothing of the plugin, so it
+#: reports an environment where the plugin does not import too (the doctor step says why).
+PLANS_ENV = "SGLANG_XPU_LORA_PLANS"
+#: The layer benchmark's run with the swept table goes into this subfolder (same file names).
+TUNED = "layer-tuned"
+#: The plan sweep's share of ``--step-timeout`` (its ``--budget-seconds``): it starts no point after
+#: it and writes the table of the points so far, before the kit would stop it.
+SWEEP_BUDGET_SHARE = 0.8
 #: Lines of a failed step's output quoted in the report.
 TAIL_LINES = 15
 #: Grid of the op step off ``--quick``: ranks below and at max_lora_rank 64, best of 3.
@@ -73,6 +97,34 @@ def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def plan_table(out: Path, device: str) -> Path:
+    """The plan table the ``plan_sweep`` step writes and ``layer_tuned`` serves with."""
+    return out / f"{device}.plans.json"
+
+
+def table_rows(path: Path) -> Optional[int]:
+    """Rows of the plan table ``path``; None when it is missing or not a table."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return len(rows) if isinstance(rows, list) else None
+
+
+def missing_input(name: str, args) -> str:
+    """Why step ``name`` cannot run now (checked when its turn comes), or ``""``: ``layer_tuned``
+    needs a plan table with rows in the output folder."""
+    if name != "layer_tuned":
+        return ""
+    table = plan_table(args.out, args.device)
+    rows = table_rows(table)
+    if rows:
+        return ""
+    why = "does not exist" if not table.exists() else "has no rows" if rows == 0 else "is not a plan table"
+    return (f"not run: {table.name} {why} (the plan_sweep step writes it; it failed, was not run or found no plan "
+            f"that passed)")
+
+
 def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
     """``(step, command, JSON files it writes, extra environment)`` per selected step; an empty
     command is a skipped step, the reason in the environment's ``"skip"``."""
@@ -89,7 +141,16 @@ def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
             [f"ops-{device}{suffix}.json"], {}),
         "layer": (
             _python("benchmarks.layer", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
-            [f"layer-{device}{suffix}.json"], {}),
+            [f"layer-{device}{suffix}.json"], {PLANS_ENV: ""}),
+        "plan_sweep": (
+            _python("benchmarks.plan_sweep", "--device", device, "--out", str(plan_table(out, device)), "--results", str(out),
+                    "--compile-jobs", str(args.sweep_compile_jobs), "--budget-seconds", f"{SWEEP_BUDGET_SHARE * args.step_timeout:g}",
+                    *(("--quick", "--calls", "2", "--rounds", "1") if quick else ())),
+            [f"plan-sweep-{device}{suffix}.json", plan_table(out, device).name], {}),
+        "layer_tuned": (
+            _python("benchmarks.layer", "--device", device, "--out", str(out / TUNED), "--paths", "base,intel_xpu",
+                    *(("--quick",) if quick else ())),
+            [f"{TUNED}/layer-{device}{suffix}.json"], {PLANS_ENV: str(plan_table(out, device))}),
         "sync_cost": (
             _python("benchmarks.sync_cost", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
             [f"sync-cost-{device}{suffix}.json"], {}),
@@ -324,6 +385,131 @@ def layer_section(report: Optional[dict]) -> list[str]:
     return lines + [layer(report) if report else "(no layer-benchmark result)"]
 
 
+#: The layer point of a row (its key in both layer runs).
+LAYER_POINT = ("model", "mode", "max_rank", "rank", "adapters", "tokens")
+
+
+def dense_serves(row: dict, dense: Optional[dict]) -> bool:
+    """Whether ``intel_xpu`` ran the linears of the layer ``row`` on the dense tier (where a plan
+    table is read), from the layer run's ``intel_xpu_dense`` record of the path."""
+    if not dense:
+        return False
+    if row["mode"] == "graph":
+        return bool(dense.get("graphs"))
+    return dense.get("eager_from_tokens") is not None and row["tokens"] >= dense["eager_from_tokens"]
+
+
+def tuned_rows(default: dict, tuned: dict) -> list[dict]:
+    """The two layer runs point by point: ``intel_xpu`` with the swept table (``tuned_us``) against
+    the run without it (``default_us``), their quotient, the base GEMMs' quotient between the runs
+    (what the machine drifted: a change of the same size is noise), and each over the best peer of
+    the run without the table. ``dense``: whether the point ran on the dense tier at all (elsewhere
+    the table is not read and both runs measure the same path)."""
+    dense = (tuned.get("intel_xpu_dense") or {}).get("intel_xpu")
+    by_point = {tuple(r[k] for k in LAYER_POINT): r for r in default.get("rows", [])}
+    rows = []
+    for t in tuned.get("rows", []):
+        d = by_point.get(tuple(t[k] for k in LAYER_POINT))
+        if d is None:
+            continue
+        row = {k: t[k] for k in LAYER_POINT}
+        row.update(dense=dense_serves(t, dense), default_us=d.get("intel_xpu_us"), tuned_us=t.get("intel_xpu_us"),
+                   best_peer=d.get("best_peer"), best_peer_us=d.get("best_peer_us"),
+                   failed=t.get("intel_xpu_failed") or d.get("intel_xpu_failed"))
+        if row["default_us"] and row["tuned_us"]:
+            row["tuned_vs_default"] = row["tuned_us"] / row["default_us"]
+        if d.get("base_us") and t.get("base_us"):
+            row["base_drift"] = t["base_us"] / d["base_us"]
+        if row["best_peer_us"]:
+            for key in ("default", "tuned"):
+                if row[f"{key}_us"]:
+                    row[f"{key}_vs_best_peer"] = row[f"{key}_us"] / row["best_peer_us"]
+        rows.append(row)
+    return rows
+
+
+def sweep_failures(results: dict) -> list[dict]:
+    """The sweep's failed candidates grouped by reason (the first line, 120 characters): how many,
+    at how many points, and one candidate's label (its plan family)."""
+    groups: dict[str, dict] = {}
+    for entry in results.get("points", []):
+        for candidate in entry.get("candidates", []):
+            if "failed" in candidate:
+                reason = str(candidate["failed"]).splitlines()[0][:120] if candidate["failed"] else "?"
+                group = groups.setdefault(reason, dict(reason=reason, candidates=0, points=set(), example=candidate.get("label")))
+                group["candidates"] += 1
+                group["points"].add(json.dumps(entry.get("point"), sort_keys=True))
+    return [{**g, "points": len(g["points"])} for g in sorted(groups.values(), key=lambda g: -g["candidates"])]
+
+
+def serve_command(table: Path) -> str:
+    """How to serve with the swept table."""
+    return (f"SGLANG_XPU_LORA_PLANS={shlex.quote(str(table))} sglang serve --model-path MODEL --enable-lora "
+            f"--lora-paths NAME=PATH ... --max-lora-rank R --lora-backend intel_xpu")
+
+
+def plans_section(args, by_name: dict, loaded: Callable[[str], Optional[dict]]) -> list[str]:
+    """The plan sweep's table (rows, points, failed candidates by reason), the layer with it
+    against the layer without it, point by point, and how to serve with it."""
+    lines = ["## Plan table (benchmarks/plan_sweep.py on this device) and the layer with it", ""]
+    sweep, tuned_step = by_name.get("plan_sweep"), by_name.get("layer_tuned")
+    if sweep is None and tuned_step is None:
+        return lines + ["not selected (--steps, --skip)"]
+    table = plan_table(args.out, args.device)
+    results, rows = loaded("plan_sweep"), table_rows(table)
+    if sweep is not None and sweep.status != "ok":
+        lines.append(f"- plan_sweep: {sweep.status}{': ' + sweep.error.splitlines()[0] if sweep.error else ''}")
+    if results:
+        points = results.get("points", [])
+        candidates = [c for p in points for c in p.get("candidates", [])]
+        lines.append(f"- swept {len(points)} points (model, linear, pool rank, tokens), {len(candidates)} candidates: "
+                     f"{sum('us' in c for c in candidates)} timed, {sum('failed' in c for c in candidates)} failed; "
+                     f"{sum(p.get('best') is None for p in points)} points without a plan that passed; "
+                     f"{results.get('points_not_run', 0)} points not run (the budget)")
+        for job in results.get("compile_jobs") or []:
+            if job.get("returncode"):
+                lines.append(f"- compile run {job['shard']} failed (exit status {job['returncode']}); the timed sweep compiled its share")
+    if rows is not None:
+        lines += [f"- plan table: `{table}`, {rows} rows (phase, pool rank, K, N, tokens; other calls fall through to "
+                  f"SGLang's table)", "", "Serve with it:", "", "```", serve_command(table), "```"]
+    else:
+        lines.append(f"- no plan table ({table.name})")
+    failures = sweep_failures(results) if results else []
+    if failures:
+        lines += ["", "Failed candidates (a plan that does not compile, run or match float64 on this device):", "",
+                  *_table(failures, [("reason", "reason"), ("candidates", "candidates"), ("points", "points"), ("e.g.", "example")])]
+    lines.append("")
+    if tuned_step is None or tuned_step.status == "skipped":
+        return lines + [f"layer_tuned: {tuned_step.error if tuned_step else 'not selected (--steps, --skip)'}"]
+    default, tuned = loaded("layer"), loaded("layer_tuned")
+    if not tuned or not default:
+        return lines + ["(no layer-benchmark result " + ("with the table" if not tuned else "without the table to compare with") + ")"]
+    for title, data in (("without the table (layer)", default), ("with it (layer_tuned)", tuned)):
+        tiers = data.get("intel_xpu_dense") or {}
+        dense = tiers.get("intel_xpu")
+        lines.append(f"- intel_xpu {title}: " + (
+            "not measured" if "intel_xpu" not in tiers else
+            f"plans from {', '.join(dense['plans'])}; dense tier in graphs: {dense['graphs']}, eager from "
+            f"{dense['eager_from_tokens']} tokens" if dense else
+            "no dense tier (its selection runs no linear on SGLang's Triton kernels): no table is read"))
+    compared = tuned_rows(default, tuned)
+    on_tier = [r["tuned_vs_default"] for r in compared if r["dense"] and "tuned_vs_default" in r]
+    drift = [r["base_drift"] for r in compared if "base_drift" in r]
+    if on_tier:
+        lines.append(f"- tuned / default at the {len(on_tier)} points on the dense tier: median {statistics.median(on_tier):.3g}, "
+                     f"best {min(on_tier):.3g}, worst {max(on_tier):.3g} (below 1: the table is faster)"
+                     + (f"; base GEMMs between the runs: {min(drift):.3g}-{max(drift):.3g} (noise)" if drift else ""))
+    elif any(r["dense"] for r in compared):
+        lines.append("- no point on the dense tier has intel_xpu timed in both runs: nothing to compare")
+    else:
+        lines.append("- no point ran on the dense tier: the table is not used by this layer run")
+    return lines + ["", *_table(compared, [
+        ("model", "model"), ("mode", "mode"), ("max rank", "max_rank"), ("rank", "rank"), ("adapters", "adapters"), ("tokens", "tokens"),
+        ("dense tier", "dense"), ("intel_xpu µs, default table", "default_us"), ("intel_xpu µs, tuned table", "tuned_us"),
+        ("tuned / default", "tuned_vs_default"), ("base tuned / default", "base_drift"), ("best peer", "best_peer"),
+        ("default / best peer", "default_vs_best_peer"), ("tuned / best peer", "tuned_vs_best_peer"), ("failed", "failed")])]
+
+
 def serving_rows(folder: Path) -> list[dict]:
     """One row per ``<backend>-<scenario>.jsonl`` of bench_serving.sh (the last record of each), with
     ``intel_xpu``'s output tokens/s over the faster peer's of the same scenario and decode mode."""
@@ -376,22 +562,38 @@ def raw_section(out: Path, steps: list[Step]) -> list[str]:
     return lines
 
 
+def _section(title: str, make: Callable[[], list[str]]) -> list[str]:
+    """The section ``make`` writes, or where it raises (a step's file of an unexpected form) a
+    section that says so: one unreadable result costs its own section, not the report."""
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - recorded in the report
+        return [f"## {title}", "", f"(this section could not be written: {type(exc).__name__}: {exc}; the step's files are in "
+                                   f"the folder and embedded below)"]
+
+
 def write_report(args, steps: list[Step]) -> Path:
-    """``args.out/REPORT`` and ``args.out/kit.json`` from the steps' records and files."""
+    """``args.out/kit.json`` (the step records) and ``args.out/REPORT`` from the records and files."""
     out = args.out
+    (out / "kit.json").write_text(json.dumps({"device": args.device, "quick": args.quick,
+                                              "steps": [dataclasses.asdict(s) for s in steps]}, indent=1))
     by_name = {s.name: s for s in steps}
     loaded: Callable[[str], Optional[dict]] = lambda name: _load(out, by_name[name]) if name in by_name else None  # noqa: E731
     sections = [
         [f"# sglang-xpu-lora measurement report ({args.device}{', quick' if args.quick else ''})", "",
          f"`python -m benchmarks.kit {' '.join(args.argv)}`; attach this file to an issue."],
-        machine_section(args), steps_section(steps), doctor_section(loaded("doctor")), probe_section(loaded("capture_probe")),
-        ops_section(loaded("ops")), layer_section(loaded("layer")), serving_section(out, by_name.get("serving")), sync_section(loaded("sync_cost")),
+        _section("Machine", lambda: machine_section(args)), steps_section(steps),
+        _section("Doctor", lambda: doctor_section(loaded("doctor"))),
+        _section("Capture probe", lambda: probe_section(loaded("capture_probe"))),
+        _section("Op benchmark", lambda: ops_section(loaded("ops"))),
+        _section("Layer benchmark", lambda: layer_section(loaded("layer"))),
+        _section("Plan table", lambda: plans_section(args, by_name, loaded)),
+        _section("Serving", lambda: serving_section(out, by_name.get("serving"))),
+        _section("Sync cost", lambda: sync_section(loaded("sync_cost"))),
         raw_section(out, steps),
     ]
     path = out / REPORT
     path.write_text("\n".join(line for section in sections for line in [*section, ""]))
-    (out / "kit.json").write_text(json.dumps({"device": args.device, "quick": args.quick,
-                                              "steps": [dataclasses.asdict(s) for s in steps]}, indent=1))
     return path
 
 
@@ -402,24 +604,44 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the benchmarks' smallest sizes (tests, a first look)")
     parser.add_argument("--model", help="base model (path or hub id) for the serving step")
     parser.add_argument("--adapters", help='"name=path name=path ..." PEFT adapters for the serving step')
-    parser.add_argument("--steps", type=lambda s: s.split(","), default=list(STEPS),
+    names = lambda s: [n for n in s.split(",") if n]  # noqa: E731
+    parser.add_argument("--steps", type=names, default=list(STEPS),
                         help=f"comma-separated subset of {','.join(STEPS)} (default: all)")
+    parser.add_argument("--skip", type=names, default=[], help="comma-separated steps to leave out (e.g. plan_sweep,layer_tuned)")
     parser.add_argument("--step-timeout", type=float, default=3600, help="seconds one step may run before it is stopped")
+    parser.add_argument("--sweep-compile-jobs", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                        help="processes compiling the plan sweep's kernels at once before it times them (default: half the "
+                             "cores, at most 8)")
+    parser.add_argument("--dry-run", action="store_true", help="print each step's command and environment; run nothing")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    unknown = set(args.steps) - set(STEPS)
+    unknown = (set(args.steps) | set(args.skip)) - set(STEPS)
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
+    args.steps = [name for name in args.steps if name not in args.skip]
     args.out = args.out.resolve()
+    if args.dry_run:
+        for name, command, files, env in plan(args):
+            if not command:
+                print(f"[kit] {name}: skipped: {env['skip']}")
+                continue
+            needs = f" (runs when {plan_table(args.out, args.device).name} has rows)" if name == "layer_tuned" else ""
+            print(f"[kit] {name}{needs}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())}{' ' if env else ''}"
+                  f"{shlex.join(command)}\n[kit]   writes {', '.join(files) or '(its own folder)'}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     steps = []
     for name, command, files, env in plan(args):
         print(f"[kit] {name} ...", flush=True)
-        steps.append(run_step(name, command, files, env, args.out, args.step_timeout))
+        missing = missing_input(name, args)
+        steps.append(Step(name, command, error=missing) if missing else run_step(name, command, files, env, args.out, args.step_timeout))
         print(f"[kit] {name}: {steps[-1].status} ({steps[-1].seconds:.1f} s) {steps[-1].error.splitlines()[0] if steps[-1].error else ''}",
               flush=True)
     path = write_report(args, steps)
     print(f"[kit] wrote {path}")
+    table = plan_table(args.out, args.device)
+    if any(s.name == "plan_sweep" and s.status == "ok" for s in steps) and table_rows(table):
+        print(f"[kit] plan table for this device: {table}; serve with it:\n  {serve_command(table)}")
     return 0 if all(s.status in ("ok", "skipped") for s in steps) else 1
 
 

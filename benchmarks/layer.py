@@ -50,7 +50,9 @@ LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-Lo
     python -m benchmarks.layer --device cuda --best-of run1/layer-cuda.json run2/layer-cuda.json run3/layer-cuda.json
 
 Writes ``layer-<device>[-quick].{json,md,png}`` (and ``.partial.jsonl`` as points finish) under
-``--out`` (default ``benchmarks/results``).
+``--out`` (default ``benchmarks/results``); the JSON also records, per ``intel_xpu`` path, the
+providers of its ops and where its dense tier serves with which plan tables (``intel_xpu_dense``:
+a table named by ``SGLANG_XPU_LORA_PLANS`` comes first).
 """
 
 from __future__ import annotations
@@ -481,6 +483,10 @@ def run(args) -> list[dict]:
                 **getattr(args, "intel_xpu_providers", {}),
                 **providers(servers[key]),
             }
+            args.intel_xpu_dense = {
+                **getattr(args, "intel_xpu_dense", {}),
+                **dense_tiers(servers[key]),
+            }
         server = servers[key]
         case_mode = "decode" if mode in ("graph", "eager") else "prefill"
         case = Case(
@@ -551,6 +557,25 @@ def providers(server: Server) -> dict:
                 op: f"{sel.choices[op].provider.name} / {sel.graph_choices[op].provider.name}"
                 for op in sel.choices
             }
+    return out
+
+
+def dense_tiers(server: Server) -> dict:
+    """Where each ``intel_xpu`` path runs its linears on the dense tier, and with which plans:
+    ``{"plans": the plan table's sources, first match first (SGLANG_XPU_LORA_PLANS, the shipped
+    table, SGLang's), "graphs": graph batches, "eager_from_tokens": eager batches from this many
+    tokens (None: never)}``, or None where the path has no dense tier."""
+    out = {}
+    for path in INTEL_PATHS:
+        backend = server.backends.get(path)
+        if backend is None:
+            continue
+        dense, selection = getattr(backend, "dense", None), backend.op_selection
+        out[path] = None if dense is None else {
+            "plans": list(dense.plans.sources),
+            "graphs": selection.dense_tier_serves(True),
+            "eager_from_tokens": backend.eager_dense_min_tokens if selection.dense_tier_serves(False) else None,
+        }
     return out
 
 
@@ -754,6 +779,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "tolerance": args.tolerance,
         "emulated_build": args.emulated_build or None,
         "intel_xpu_providers": getattr(args, "intel_xpu_providers", {}),
+        "intel_xpu_dense": getattr(args, "intel_xpu_dense", {}),
         "backend_failures": getattr(args, "backend_failures", {}),
         "points_not_run": args.cut_short,
     }

@@ -21,8 +21,9 @@ per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x groupe
 1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
 
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
-    python -m benchmarks.plan_sweep --device xpu --out my.plans.json    # an Intel GPU (examples/xpu/measure.sh)
+    python -m benchmarks.plan_sweep --device xpu --out my.plans.json --compile-jobs 8   # an Intel GPU (examples/xpu/measure.sh)
     python -m benchmarks.plan_sweep --quick                             # CPU smoke run (interpreter)
+    python -m benchmarks.plan_sweep --quick --device xpu                # the tiny grid on a GPU (the kit's QUICK=1)
     bash benchmarks/run_plan_sweep_gpu.sh                               # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
 
@@ -31,10 +32,13 @@ once serves several linears). Where the layer benchmark measured SGLang's own pl
 ``--use-sglang-plans`` writes SGLang's plan into those rows (names ending ``.sglang``).
 
 Triton compiles each kernel specialisation once (seconds each; hundreds here): ``--compile-only
---shard i/n`` runs fill its cache from several processes first, without timing anything.
+--shard i/n`` runs fill its cache from several processes first, without timing anything;
+``--compile-jobs n`` starts those ``n`` runs itself, waits for them, then times (a shard that fails
+is reported and the timed sweep compiles what it left). ``--budget-seconds`` covers both.
 
 Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
-candidate to ``plan-sweep-<device>[-quick].json`` under ``--results``.
+candidate to ``plan-sweep-<device>[-quick].json`` under ``--results`` (with the points the budget
+left out, ``points_not_run``, and the compile runs, ``compile_jobs``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ import argparse
 import itertools
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -235,10 +242,36 @@ def grid(args) -> list[tuple]:
     return points
 
 
+def compile_in_parallel(argv: list[str], jobs: int, budget: float) -> list[dict]:
+    """Fill Triton's cache from ``jobs`` processes at once: this run's arguments ``argv`` with
+    ``--compile-only --shard i/jobs`` (each starting no point after ``budget`` seconds), as
+    ``benchmarks/run_plan_sweep_gpu.sh`` starts them. Their output goes to temporary files; the
+    last lines of each are printed. Returns one record per shard: ``shard``, ``returncode``,
+    ``seconds``. Never raises for a failing shard: the timed sweep compiles what it left."""
+    started, records = time.perf_counter(), []
+    with tempfile.TemporaryDirectory(prefix="plan-sweep-compile-") as logs:
+        runs = []
+        for shard in range(jobs):
+            log = open(Path(logs) / f"{shard}.log", "w+")
+            command = [sys.executable, "-m", "benchmarks.plan_sweep", *argv, "--compile-jobs", "0", "--compile-only",
+                       "--shard", f"{shard}/{jobs}", "--budget-seconds", f"{budget:g}"]
+            runs.append((shard, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)))
+        for shard, log, process in runs:
+            returncode = process.wait()
+            log.seek(0)
+            tail = log.read().splitlines()[-(2 if returncode == 0 else 15):]
+            log.close()
+            records.append(dict(shard=f"{shard}/{jobs}", returncode=returncode, seconds=time.perf_counter() - started))
+            print(f"[compile {shard}/{jobs}] exit status {returncode}" + "".join(f"\n  {line}" for line in tail), flush=True)
+    print(f"compiled in {jobs} processes in {time.perf_counter() - started:.0f} s", flush=True)
+    return records
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny layer, a few candidates")
+    parser.add_argument("--device", help="cuda, xpu or cpu (default: cuda where there is one, else cpu; --quick: cpu)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: a tiny layer, a few candidates with small tiles (on CPU, the interpreter, unless --device)")
     parser.add_argument("--models", nargs="*", choices=list(MODELS))
     parser.add_argument("--phases", nargs="*", choices=["decode", "prefill"])
     parser.add_argument("--tokens", nargs="*", type=int, help=f"decode token counts (default {DECODE_TOKENS})")
@@ -252,6 +285,9 @@ def main(argv=None) -> None:
     parser.add_argument("--compile-only", action="store_true",
                         help="run and check each candidate once, no timing (fills Triton's cache; run shards of it in parallel)")
     parser.add_argument("--shard", default="0/1", help="i/n: only every n-th point from the i-th (parallel compile runs)")
+    parser.add_argument("--compile-jobs", type=int, default=0,
+                        help="first run --compile-only in this many processes at once (shards 0/n .. n-1/n), then time "
+                             "(0 or 1: compile while timing)")
     parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting points after this")
     parser.add_argument("--out", help="the plan table to write (default: the shipped table of the device family)")
     parser.add_argument("--use-sglang-plans", nargs="+", metavar="PHASE:POOL_RANK:TOKENS[:MODEL]",
@@ -259,6 +295,7 @@ def main(argv=None) -> None:
                              "the layer benchmark measured SGLang's plans faster in a whole layer")
     parser.add_argument("--architecture", default="sm90", help="SGLang's table for --use-sglang-plans")
     parser.add_argument("--results", default=str(RESULTS))
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.use_sglang_plans:
         from sglang_xpu_lora.dense.plans import CONFIG_DIR
@@ -266,8 +303,7 @@ def main(argv=None) -> None:
         table = Path(args.out) if args.out else CONFIG_DIR / f"{args.architecture}.plans.json"
         print(f"{use_sglang_plans(table, args.architecture, args.use_sglang_plans)} rows of {table} now SGLang's plans")
         return
-    if args.quick:
-        args.device = "cpu"
+    args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     args.tolerance = args.tolerance or (1e-4 if dtype == torch.float32 else 2e-2)
@@ -278,12 +314,15 @@ def main(argv=None) -> None:
         pin_memory.register()
     from sglang_xpu_lora.dense.plans import CONFIG_DIR, device_family
 
-    started, points, case = time.perf_counter(), [], None
+    started, points, case, not_run, compiled = time.perf_counter(), [], None, 0, []
+    if args.compile_jobs > 1 and not args.compile_only:
+        compiled = compile_in_parallel(argv, args.compile_jobs, args.budget_seconds)
     shard, shards = (int(v) for v in args.shard.split("/"))
     todo = grid(args)[shard::shards]
     for index, (model, name, rank, tokens, phase) in enumerate(todo):
         if time.perf_counter() - started > args.budget_seconds:
-            print(f"budget spent: {len(todo) - index} points not run", flush=True)
+            not_run = len(todo) - index
+            print(f"budget spent: {not_run} points not run", flush=True)
             break
         if case is None or (case.model, case.rank, case.tokens, case.mode) != (model, rank, tokens, phase):
             case = None  # one batch's weights at a time
@@ -307,7 +346,8 @@ def main(argv=None) -> None:
     for entry in points:  # the winners' specs are in the table: the results keep labels and figures
         for candidate in entry["candidates"]:
             candidate.pop("spec")
-    results.write_text(json.dumps(dict(machine=machine(), args={k: v for k, v in vars(args).items() if k != "models"}, points=points),
+    results.write_text(json.dumps(dict(machine=machine(), args={k: v for k, v in vars(args).items() if k != "models"}, points=points,
+                                       points_not_run=not_run, compile_jobs=compiled, table=str(out), rows=len(rows)),
                                   separators=(",", ":"), default=str))
     print(f"wrote {out} ({len(rows)} rows) and {results}")
 

@@ -62,6 +62,8 @@ def test_quick_run_checks_every_path_against_float64(tmp_path):
     # The emulated build's native ops ran outside graphs (its CPU kernels), portable ops elsewhere.
     assert data["intel_xpu_providers"]["intel_xpu_box"]["sgemm_lora_a_fwd"] == "native / torch"
     assert data["intel_xpu_providers"]["intel_xpu_portable"]["sgemm_lora_a_fwd"] == "torch / torch"
+    # Neither selection gives a linear to SGLang's Triton kernels: no dense tier, no plan table read.
+    assert data["intel_xpu_dense"] == {"intel_xpu_portable": None, "intel_xpu_box": None}
     assert (tmp_path / "layer-cpu-quick.md").read_text().count("\n") >= 5
 
 
