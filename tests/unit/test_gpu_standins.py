@@ -44,6 +44,7 @@ def test_the_carry_imports_every_backend(carry):
         "TritonV2LoRABackend(8, torch.device('cpu'))  # reads the plan tables\n"
         "from sglang_xpu_lora.backend.xpu import IntelXpuLoRABackend\n"
         "import benchmarks.layer, benchmarks.triton_peers, benchmarks.plan_sweep, benchmarks.plan_refine\n"
+        "import benchmarks.launch_tiles\n"
         "from sglang.kernels.jit.utils import is_arch_support_pdl\n"
         "from sglang_xpu_lora.dense.runner import DeviceDenseRunner\n"
     )

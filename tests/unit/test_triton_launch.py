@@ -72,26 +72,27 @@ def batch_info(rows, permuted: bool):
     )
 
 
-def run(slices, dtype, permuted, *, extra_columns=0, launches=None):
-    """One linear through :class:`TritonLinearLaunches`; returns (output, reference, base width)."""
+def run(slices, dtype, permuted, *, extra_columns=0, launches=None, rows=ROWS):
+    """One linear through :class:`TritonLinearLaunches` over a batch of ``rows`` (slot per row);
+    returns (output, float64 reference)."""
     from sglang_xpu_lora.providers.triton_launch import TritonLinearLaunches
 
     launches = launches or TritonLinearLaunches()
     a, b = pool(slices, dtype)
     offsets = (0, *torch.tensor(slices).cumsum(0).tolist())
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(len(ROWS), K, generator=gen).to(dtype)
+    x = torch.randn(len(rows), K, generator=gen).to(dtype)
     weight = torch.randn(offsets[-1] + extra_columns, K, generator=gen).to(dtype)
-    launches.begin_batch(batch_info(ROWS, permuted))
+    launches.begin_batch(batch_info(rows, permuted))
     out = launches.forward(x, lambda: x @ weight.t(), a, b, torch.tensor(offsets, dtype=torch.int32), offsets)
     base = (x.double() @ weight.double().t())
     ref = base.clone()
-    ref[:, : offsets[-1]] = lora_reference(x, a, b, slices, ROWS, SCALINGS, RANKS, base=base[:, : offsets[-1]])
+    ref[:, : offsets[-1]] = lora_reference(x, a, b, slices, rows, SCALINGS, RANKS, base=base[:, : offsets[-1]])
     return out, ref
 
 
-def assert_other_rows_close(out, ref, dtype):
-    live = [row for row, slot in enumerate(ROWS) if slot != NAN_SLOT]
+def assert_other_rows_close(out, ref, dtype, rows=ROWS):
+    live = [row for row, slot in enumerate(rows) if slot != NAN_SLOT]
     assert torch.isfinite(out[live]).all(), "a NaN slot reached another adapter's rows"
     scale = ref[live].abs().max()
     torch.testing.assert_close(out[live].double(), ref[live], rtol=0, atol=TOLERANCE[dtype] * float(scale))
@@ -116,6 +117,22 @@ def test_a_prefix_partition_layer_gets_lora_in_its_leading_columns_only():
     out, ref = run(SLICES["gate_up"], torch.float32, False, extra_columns=6)
     assert out.shape[1] == sum(SLICES["gate_up"]) + 6
     assert_other_rows_close(out, ref, torch.float32)
+
+
+#: A prefill-like batch: segments of 70 and 66 rows (the long-segment tiles), a NaN slot's and a
+#: rank-0 slot's rows among them.
+LONG_ROWS = [2] * 70 + [4] * 3 + [0] * 2 + [3] * 66
+
+
+@pytest.mark.parametrize("slices", ["one", "qkv"])
+def test_long_segments_run_their_own_tiles_and_equal_the_float64_loop(slices):
+    from sglang_xpu_lora.providers.triton_launch import LONG_SEGMENT_ROWS, TritonLinearLaunches
+
+    assert max(LONG_ROWS.count(slot) for slot in set(LONG_ROWS)) >= LONG_SEGMENT_ROWS
+    launches = TritonLinearLaunches()
+    out, ref = run(SLICES[slices], torch.float32, False, launches=launches, rows=LONG_ROWS)
+    assert launches.tiles == launches.long_segment_tiles
+    assert_other_rows_close(out, ref, torch.float32, rows=LONG_ROWS)
 
 
 def test_the_nan_check_catches_a_leak():

@@ -9,7 +9,8 @@ SGLang hands every LoRA'd layer to the backend in one call, ``forward_with_base`
   selection names SGLang's Triton kernels (:meth:`IntelXpuLoRABackend.dense_serves`);
 * the **compiled-handle launches** (:mod:`sglang_xpu_lora.providers.triton_launch`): the linears
   of smaller eager batches, on the same selection, on SGLang's legacy Triton kernels as its
-  ``triton`` backend launches them, each launch straight to the compiled kernel;
+  ``triton`` backend launches them (longer row tiles for long segments), each launch straight to
+  the compiled kernel;
 * the **per-op tier**, described below: the layer's ``apply_lora`` calls the ``run_*`` methods,
   each routed to one op of the provider selected for it; it serves everything else (the embedding,
   lm_head, native and portable ops).

@@ -8,7 +8,8 @@ output allocation, grid) and Triton's ``JITFunction.run`` (argument binding, spe
 cache lookup) took 62 µs on that machine's host, the compiled kernel's own launcher 11 µs.
 
 :class:`TritonLinearLaunches` runs one linear (the base GEMM, the shrink, the expand into the base
-output) as those wrappers do, with the same kernels, tiles and grids, from what
+output) as those wrappers do, with the same kernels and grids, and their tiles except in batches
+with long segments (:data:`LONG_SEGMENT_TILES`), from what
 ``forward_with_base`` receives, and launches each kernel through :class:`CompiledLaunches`: the
 first launch of a specialization goes through Triton's ``JITFunction.run`` (which compiles and
 returns the ``CompiledKernel``), later ones call the compiled kernel's launcher with the arguments
@@ -33,7 +34,7 @@ import functools
 import inspect
 import logging
 import types
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -53,13 +54,28 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The tiles of SGLang's wrappers, checked against their source by the compat guard
-#: (``targets.REQUIRED_SOURCE``): rows per program (``BLOCK_S``, the same in all four), and per kernel
-#: its ``(BLOCK_N, BLOCK_K)`` as the kernel names them.
-ROW_TILE = 16
-SHRINK_TILES = (16, 256)  # sgemm_lora_a_fwd: BLOCK_R, BLOCK_K
-EXPAND_ONE_TILES = (256, 16)  # sgemm_lora_b_fwd: BLOCK_N, BLOCK_R
-EXPAND_BANDS_TILES = (64, 16)  # qkv_lora_b_fwd and gate_up_lora_b_fwd: BLOCK_OUT, BLOCK_R
+class Tiles(NamedTuple):
+    """The constexpr tiles of one launch of the four kernels: rows per program (``BLOCK_S``, the
+    same in all four) and per kernel its ``(BLOCK_N, BLOCK_K)`` as the kernel names them."""
+
+    rows: int
+    shrink: tuple  # sgemm_lora_a: BLOCK_N (SGLang's wrapper: BLOCK_R), BLOCK_K
+    expand_one: tuple  # sgemm_lora_b: BLOCK_N, BLOCK_K (the wrapper: BLOCK_R)
+    expand_bands: tuple  # qkv_lora_b and gate_up_lora_b: BLOCK_N (the wrappers: BLOCK_OUT), BLOCK_K (BLOCK_R)
+
+
+#: SGLang's wrappers' tiles, checked against their source by the compat guard
+#: (``targets.REQUIRED_SOURCE``), for batches whose longest segment is under :data:`LONG_SEGMENT_ROWS`.
+SGLANG_TILES = Tiles(rows=16, shrink=(16, 256), expand_one=(256, 16), expand_bands=(64, 16))
+#: Tiles for batches with a segment of :data:`LONG_SEGMENT_ROWS` rows or more (prefill, and decode
+#: batches with many rows of one adapter): 64 rows per program, so each program reads an adapter's
+#: weights for 4x the rows, and 128 output columns per program of the banded expands. On an H200
+#: (7 candidates of rows, shrink and expand tiles; the layer at 512 and 2048 prefill tokens, both
+#: shapes, ranks 16 and 64, 1 and 8 adapters) they took 0.71-0.94x the layer time of SGLang's tiles
+#: (median 0.83x), the best of the candidates and never slower
+#: (``benchmarks/launch_tiles.py``, ``benchmarks/results/launch-tiles-cuda.json``).
+LONG_SEGMENT_TILES = Tiles(rows=64, shrink=(16, 256), expand_one=(256, 16), expand_bands=(128, 16))
+LONG_SEGMENT_ROWS = 64
 
 
 @functools.cache
@@ -191,12 +207,16 @@ class TritonLinearLaunches:
     """
 
     def __init__(self, kernels: Optional[types.SimpleNamespace] = None, launches=CompiledLaunches):
+        #: The tiles of batches with a segment of :attr:`long_segment_rows` rows or more (the
+        #: tile benchmark, ``benchmarks/launch_tiles.py``, sets other candidates here).
+        self.long_segment_tiles, self.long_segment_rows = LONG_SEGMENT_TILES, LONG_SEGMENT_ROWS
         kernels = kernels or _kernels()
         self.shrink = launches(kernels.shrink)
         self.expand_one = launches(kernels.expand_one)
         self.expand_bands = launches(kernels.expand_bands)
         self.expand_two = launches(kernels.expand_two)
         self._batch: Optional[tuple] = None
+        self.tiles: Optional[Tiles] = None
 
     def begin_batch(self, info: LoRABatchInfo) -> None:
         """Take the batch: ``info`` is SGLang's ``LoRABatchInfo`` of the linears (``seg_lens``,
@@ -207,13 +227,15 @@ class TritonLinearLaunches:
         permutation, scalings = info.permutation, info.scalings
         sorted_by_adapter = permutation is not None
         tensors = (*indices, scalings, *((permutation,) if sorted_by_adapter else ()))
-        specialization = (sorted_by_adapter, tuple((t.dtype, _aligned(t)) for t in tensors))
-        row_tiles = triton.cdiv(info.max_len, ROW_TILE)
-        self._batch = (indices, permutation, sorted_by_adapter, scalings, row_tiles, info.bs, specialization)
+        #: The tiles of this batch's launches.
+        self.tiles = tiles = self.long_segment_tiles if info.max_len >= self.long_segment_rows else SGLANG_TILES
+        specialization = (sorted_by_adapter, tuple((t.dtype, _aligned(t)) for t in tensors), tiles)
+        row_tiles = triton.cdiv(info.max_len, tiles.rows)
+        self._batch = (indices, permutation, sorted_by_adapter, scalings, tiles, row_tiles, info.bs, specialization)
 
     def end_batch(self) -> None:
         """Forget the batch (SGLang's idle-forward reset)."""
-        self._batch = None
+        self._batch = self.tiles = None
 
     def forward(
         self, x: torch.Tensor, base_fn: Callable[[], torch.Tensor], lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -234,45 +256,45 @@ class TritonLinearLaunches:
         batch = self._batch
         if batch is None:
             raise RuntimeError("a LoRA linear ran with no prepared batch (prepare_lora_batch was not called)")
-        indices, permutation, sorted_by_adapter, scalings, row_tiles, bs, specialization = batch
+        indices, permutation, sorted_by_adapter, scalings, tiles, row_tiles, bs, specialization = batch
         output = base_fn()
         max_rank, slices = lora_b.shape[-1], len(offsets) - 1
         stacked = lora_a.shape[-2]
         shrunk = torch.empty((x.shape[0], stacked), device=x.device, dtype=x.dtype)
-        block_n, block_k = SHRINK_TILES
+        block_n, block_k = tiles.shrink
         ints = (stacked, lora_a.shape[-1], slices, *x.stride(), *lora_a.stride(), *shrunk.stride())
         self.shrink.launch(
             (x.dtype, lora_a.dtype, _aligned(x), _aligned(lora_a), ints, specialization),
             (row_tiles * triton.cdiv(stacked, block_n), bs, 1),
-            (x, lora_a, shrunk, *ints, *indices, permutation, sorted_by_adapter, ROW_TILE, block_n, block_k),
+            (x, lora_a, shrunk, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n, block_k),
         )
         strides = (*shrunk.stride(), *lora_b.stride(), *output.stride())
         common = (x.dtype, lora_b.dtype, output.dtype, _aligned(shrunk), _aligned(lora_b), _aligned(output), specialization)
         if slices == 1:
             out_dim = lora_b.shape[-2]
-            block_n, block_k = EXPAND_ONE_TILES
+            block_n, block_k = tiles.expand_one
             ints = (out_dim, max_rank, *strides)
             self.expand_one.launch(
                 (ints, common), (row_tiles * triton.cdiv(out_dim, block_n), bs, 1),
-                (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, ROW_TILE, block_n, block_k,
+                (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n, block_k,
                  scalings),
             )
         else:
             widths = [offsets[p + 1] - offsets[p] for p in range(slices)]
             widest = max(widths)
-            block_n, block_k = EXPAND_BANDS_TILES
+            block_n, block_k = tiles.expand_bands
             grid = (row_tiles * triton.cdiv(widest, block_n), slices, bs)
             ints = (max_rank, widest, *strides)
             if slices == 2 and widths[0] == widths[1]:
                 self.expand_two.launch(
                     (ints, common), grid,
-                    (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, ROW_TILE, block_n,
+                    (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n,
                      block_k, scalings),
                 )
             else:
                 self.expand_bands.launch(
                     (ints, common, output_offset.dtype, _aligned(output_offset)), grid,
-                    (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, ROW_TILE,
+                    (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, tiles.rows,
                      block_n, block_k, scalings),
                 )
         return output if all_reduce is None else all_reduce(output)
