@@ -221,10 +221,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
     from sglang_cpu_devsupport import serving
 
     first = adapter_name(0)
-    overrides = dict(
-        lora_backend=backend, max_loras_per_batch=args.slots, max_lora_rank=args.rank,
-        log_level="warning", **args.set,
-    )
+    overrides = {
+        **dict(lora_backend=backend, max_loras_per_batch=args.slots, max_lora_rank=args.rank, log_level="warning"),
+        **args.set,
+    }
     if args.device != "cpu":
         overrides["device"] = args.device
     port = serving.free_port()
