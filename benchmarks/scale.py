@@ -41,7 +41,12 @@ The issue's workload, on the CPU engine (about 10 minutes per backend on a quiet
 
     python -m benchmarks.scale --adapters 8 32 1000 --slots 8 --in-flight 16 64 --requests 64
 
-The issue's target run: ``--slots 64 --adapters 8 1000 --in-flight 64``. On a CUDA GPU:
+The issue's target run, with reloads (``benchmarks/results/scale-cpu-runs/``, docs/sizing.md;
+about 2 minutes for both backends)::
+
+    python -m benchmarks.scale --slots 64 --adapters 8 1000 --in-flight 64 --requests 64 --churn 1
+
+On a CUDA GPU:
 ``--device cuda`` (``--set attention_backend=triton`` and other ``sglang serve`` settings as
 ``KEY=VALUE``). Measured figures come from a quiet machine; none is asserted anywhere.
 """
