@@ -12,6 +12,14 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
 * time to first token (the first streamed event with a token), p50 and p95, and the slowest
   request's latency (send to last event), in seconds;
 * tokens per second: N x new tokens over the wall time of the N requests;
+* with ``--churn SECONDS``, reloads during every timed workload: every SECONDS one more adapter
+  (``scale-churn``, named by no workload request, so none of them is refused) is unloaded, loaded
+  again through ``/load_lora_adapter`` and sent one request (its first use, copied into a slot);
+  those requests count in the slowest latency and in ``latency_p99_s`` (the 99th percentile of all
+  latencies), ``reloads`` counts the rounds, and ``tail_s`` = slowest - p99 (the issue's target: at
+  most 1 s, in 5 repeated runs);
+* the machine's 1-minute load average when the row's workload ended (``load_1m``; the run's
+  load averages before and after go into the JSON);
 * the time of each ``/load_lora_adapter`` (median and max, ms, of the loads that took K to its
   value) and the server's resident memory per adapter (all its processes, ``/proc``: the growth
   across the loads alone, not the workloads between them, over the adapters loaded after the
@@ -33,7 +41,12 @@ The issue's workload, on the CPU engine (about 10 minutes per backend on a quiet
 
     python -m benchmarks.scale --adapters 8 32 1000 --slots 8 --in-flight 16 64 --requests 64
 
-The issue's target run: ``--slots 64 --adapters 8 1000 --in-flight 64``. On a CUDA GPU:
+The issue's target run, with reloads (``benchmarks/results/scale-cpu-runs/``, docs/sizing.md;
+about 2 minutes for both backends)::
+
+    python -m benchmarks.scale --slots 64 --adapters 8 1000 --in-flight 64 --requests 64 --churn 1
+
+On a CUDA GPU:
 ``--device cuda`` (``--set attention_backend=triton`` and other ``sglang serve`` settings as
 ``KEY=VALUE``). Measured figures come from a quiet machine; none is asserted anywhere.
 """
@@ -45,7 +58,9 @@ import concurrent.futures
 import json
 import random
 import shutil
+import os
 import statistics
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -56,9 +71,10 @@ from benchmarks.common import RESULTS, write
 #: Backends run by default: those that run on the device type.
 BACKENDS = {"cpu": ("intel_xpu", "torch_native"), "cuda": ("intel_xpu", "torch_native", "triton", "csgmv", "triton_v2")}
 TEMPLATE = "scale-template"
+CHURNED = "scale-churn"
 COLUMNS = [
-    "backend", "adapters", "slots", "in_flight", "requests", "ttft_p50_s", "ttft_p95_s", "latency_max_s",
-    "tok_s", "load_ms_median", "load_ms_max", "rss_mib_per_adapter", "checked", "exact",
+    "backend", "adapters", "slots", "in_flight", "requests", "ttft_p50_s", "ttft_p95_s", "latency_p99_s", "latency_max_s",
+    "tail_s", "reloads", "tok_s", "load_ms_median", "load_ms_max", "rss_mib_per_adapter", "checked", "exact", "load_1m",
 ]
 
 
@@ -67,7 +83,8 @@ def adapter_name(index: int) -> str:
 
 
 def build_adapters(root: Path, count: int, rank: int) -> dict[str, Path]:
-    """The tiny Llama and ``count`` PEFT adapters under ``root``: ``{"base": dir, name: dir}``.
+    """The tiny Llama and ``count`` PEFT adapters under ``root``: ``{"base": dir, name: dir}``, and
+    :data:`CHURNED`, the reloaded one (a copy of ``scale-0000``'s directory).
 
     ``scale-0000`` is a copy of a PEFT-built template (``tiny_model.build_all``: all linear modules,
     ``rank``, alpha 2 x rank); ``scale-i`` (i >= 1) has the template's config and tensor names and
@@ -102,6 +119,7 @@ def build_adapters(root: Path, count: int, rank: int) -> dict[str, Path]:
                 save_file(fresh, target / "adapter_model.safetensors")
             (target / "build.json").write_text(stamp)
         out[adapter_name(index)] = target
+    out[CHURNED] = out[adapter_name(0)]
     return out
 
 
@@ -144,25 +162,50 @@ def streamed_generate(url: str, input_ids: list[int], lora: str, new_tokens: int
     return {"ttft": ttft, "latency": time.perf_counter() - start, "output_ids": output_ids}
 
 
-def run_workload(url: str, loaded: int, in_flight: int, requests: int, prompt_len: int, new_tokens: int, seed: int) -> dict:
+def churn(url: str, path: Path, every: float, stop: threading.Event, prompt_len: int, new_tokens: int) -> list[float]:
+    """Until ``stop`` is set: every ``every`` seconds unload :data:`CHURNED`, load it again from
+    ``path`` and send it one streamed request. Returns those requests' latencies (seconds)."""
+    from sglang_cpu_devsupport import serving
+
+    latencies = []
+    while not stop.wait(every):
+        serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": CHURNED}, timeout=600)
+        serving.post_json(f"{url}/load_lora_adapter", {"lora_name": CHURNED, "lora_path": str(path)}, timeout=600)
+        latencies.append(streamed_generate(url, [5] * prompt_len, CHURNED, new_tokens)["latency"])
+    return latencies
+
+
+def run_workload(
+    url: str, loaded: int, in_flight: int, requests: int, prompt_len: int, new_tokens: int, seed: int,
+    churn_every: float = 0.0, churn_path: Optional[Path] = None,
+) -> dict:
     """N = ``requests`` streamed requests over the first ``loaded`` adapters (a seeded random
-    choice of min(N, loaded) distinct ones, cycled), ``in_flight`` at a time. Returns the row's
-    timings and ``samples``: ``(input ids, adapter, output ids)`` per request."""
+    choice of min(N, loaded) distinct ones, cycled), ``in_flight`` at a time; with
+    ``churn_every`` > 0, :func:`churn` of :data:`CHURNED` (loaded from ``churn_path``) meanwhile.
+    Returns the row's timings and ``samples``: ``(input ids, adapter, output ids)`` per request."""
     rng = random.Random(seed)
     chosen = rng.sample(range(loaded), min(requests, loaded))
     work = [
         ([rng.randrange(3, 1000) for _ in range(prompt_len)], adapter_name(chosen[i % len(chosen)]))
         for i in range(requests)
     ]
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight) as pool:
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight + 1) as pool:
+        churned = pool.submit(churn, url, churn_path, churn_every, stop, prompt_len, new_tokens) if churn_every > 0 else None
+        start = time.perf_counter()
         results = list(pool.map(lambda item: streamed_generate(url, item[0], item[1], new_tokens), work))
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start
+        stop.set()
+        reloaded = churned.result() if churned is not None else []
     ttfts = [r["ttft"] for r in results]
+    latencies = [r["latency"] for r in results] + reloaded
     return {
         "ttft_p50_s": percentile(ttfts, 0.5),
         "ttft_p95_s": percentile(ttfts, 0.95),
-        "latency_max_s": max(r["latency"] for r in results),
+        "latency_p99_s": percentile(latencies, 0.99),
+        "latency_max_s": max(latencies),
+        "tail_s": max(latencies) - percentile(latencies, 0.99),
+        "reloads": len(reloaded),
         "tok_s": requests * new_tokens / wall,
         "samples": [(ids, lora, r["output_ids"]) for (ids, lora), r in zip(work, results)],
     }
@@ -183,10 +226,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
     from sglang_cpu_devsupport import serving
 
     first = adapter_name(0)
-    overrides = dict(
-        lora_backend=backend, max_loras_per_batch=args.slots, max_lora_rank=args.rank,
-        log_level="warning", **args.set,
-    )
+    overrides = {
+        **dict(lora_backend=backend, max_loras_per_batch=args.slots, max_lora_rank=args.rank, log_level="warning"),
+        **args.set,
+    }
     if args.device != "cpu":
         overrides["device"] = args.device
     port = serving.free_port()
@@ -197,6 +240,8 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
     with serving.running_server(argv, port, env, log) as server:
         warm = [1] * args.prompt_len
         serving.post_json(f"{url}/generate", {"input_ids": warm, "lora_path": first, "sampling_params": {"max_new_tokens": 2}})
+        if args.churn:
+            serving.post_json(f"{url}/load_lora_adapter", {"lora_name": CHURNED, "lora_path": str(paths[CHURNED])})
         loaded, rss_growth, device_growth = 1, 0, 0
         for k in sorted(args.adapters):
             load_ms = []
@@ -216,7 +261,10 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                 busiest = max(args.in_flight)
                 run_workload(url, loaded, busiest, busiest, args.prompt_len, args.new_tokens, seed=0)
             for c in args.in_flight:
-                timings = run_workload(url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c)
+                timings = run_workload(
+                    url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c,
+                    churn_every=args.churn, churn_path=paths[CHURNED],
+                )
                 samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]
                 row = {
                     "backend": backend, "adapters": loaded, "slots": args.slots, "in_flight": c,
@@ -224,6 +272,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                     "load_ms_median": statistics.median(load_ms) if load_ms else None,
                     "load_ms_max": max(load_ms) if load_ms else None,
                     "rss_mib_per_adapter": rss_growth / extra / 2**20 if extra else None,
+                    "load_1m": os.getloadavg()[0],
                 }
                 if free is not None:
                     row["device_mib_per_adapter"] = device_growth / extra / 2**20 if extra else None
@@ -254,6 +303,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--check", type=int, default=16, help="sampled requests per backend checked against transformers + PEFT")
     parser.add_argument("--backends", nargs="+", help="default: " + "; ".join(f"{d}: {' '.join(b)}" for d, b in BACKENDS.items()))
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "xpu"])
+    parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
+                        help=f"unload, load and use {CHURNED} every SECONDS during the timed workloads (0: off)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="further sglang serve settings (Engine argument names)")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--log-dir", type=Path, default=None, help="the servers' logs (default: ARTIFACTS/scale-logs)")
@@ -279,13 +330,15 @@ def main(argv: Optional[list[str]] = None) -> None:
             references[input_ids, lora] = serving.hf_reference(paths["base"], paths[lora], input_ids, args.new_tokens)[1]
         return references[input_ids, lora]
 
+    load_before = os.getloadavg()
     rows = []
     for backend in backends:
         rows += run_backend(backend, paths, args, env, reference)
     name = f"scale-{args.device}" + ("-quick" if args.quick else "")
     settings = {key: value for key, value in vars(args).items() if key not in ("artifacts", "log_dir", "out")}
     columns = COLUMNS + (["device_mib_per_adapter"] if args.device != "cpu" else [])
-    write(name, rows, columns, args.out, extra={"settings": {**settings, "backends": list(backends)}})
+    extra = {"settings": {**settings, "backends": list(backends)}, "load_average": {"before": load_before, "after": os.getloadavg()}}
+    write(name, rows, columns, args.out, extra=extra)
 
 
 if __name__ == "__main__":

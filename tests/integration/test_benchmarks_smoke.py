@@ -67,3 +67,15 @@ def test_scale(tmp_path, tiny_artifacts):
         checked = [r for r in rows if r["backend"] == backend]
         assert sum(r["checked"] for r in checked) == 2, checked
         assert all(r["exact"] == r["checked"] for r in checked), checked
+
+
+@pytest.mark.launches
+def test_slot_cost(tmp_path):
+    """``benchmarks.slot_cost --quick``: both phases at S = 8 and 16; the aten calls the plugin adds
+    to a batch are the same at both (tests/integration/test_slot_cost.py has the counts' own test)."""
+    run_benchmark("slot_cost", tmp_path)
+    rows = json.loads((tmp_path / "slot-cost-cpu-quick.json").read_text())["rows"]
+    assert [(r["phase"], r["slots"]) for r in rows] == [(p, s) for p in ("decode", "prefill") for s in (8, 16)]
+    for phase in ("decode", "prefill"):
+        assert len({r["aten_ops_added"] for r in rows if r["phase"] == phase}) == 1, rows
+    assert all(math.isfinite(r["layer_us"]) and r["graph_setup_ms"] is not None for r in rows if r["phase"] == "decode")

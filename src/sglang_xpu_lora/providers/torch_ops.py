@@ -113,7 +113,9 @@ def _expand(
         if bands is None:
             edges = slice_offsets.tolist()
             bands = list(zip(edges[:-1], edges[1:]))
-        return host.expand(x, weights, routes, scalings, bands, base_output)
+        # read once per batch (the routing cache), not per layer: an S-entry read per call
+        scale = scalings.tolist() if routing is None else routing.cached("scalings", (scalings,), (), scalings.tolist)
+        return host.expand(x, weights, routes, scale, bands, base_output)
     return device.expand(x, weights, routes, scalings, num_slices, base_output, bands=bands, slice_offsets=slice_offsets)
 
 

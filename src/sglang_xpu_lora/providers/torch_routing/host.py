@@ -45,15 +45,16 @@ class HostRoutes:
 def read_runs(seg_indptr, weight_indices, lora_ranks, num_rows: int, max_rank: int, permutation=None) -> HostRoutes:
     """The runs of a batch, read on the host (see :func:`.device.row_slots` for the segment and
     permutation semantics): consecutive segments of one slot merge into one run; empty segments
-    are dropped."""
-    bounds = [min(max(b, 0), num_rows) for b in seg_indptr.tolist()]
-    slots = weight_indices.tolist()
+    are dropped before any Python sees them, so the Python work is per non-empty segment: SGLang's
+    decode batches route per slot (one segment per slot of ``--max-loras-per-batch``, most of them
+    empty), and a slot no request names costs nothing here."""
+    bounds = seg_indptr.clamp(0, num_rows)
+    segments = torch.nonzero(bounds[1:] > bounds[:-1]).flatten()
+    starts, ends = bounds[:-1][segments].tolist(), bounds[1:][segments].tolist()
+    slots = weight_indices[segments].tolist()
     ranks = lora_ranks.tolist()
     merged: list = []
-    for s in range(len(bounds) - 1):
-        start, end, slot = bounds[s], bounds[s + 1], int(slots[s])
-        if end <= start:
-            continue
+    for start, end, slot in zip(starts, ends, slots):
         if merged and merged[-1][2] == slot and merged[-1][1] == start:
             merged[-1] = (merged[-1][0], end, slot)
         else:
@@ -122,14 +123,16 @@ def expand(
     x: torch.Tensor,
     weights: torch.Tensor,
     routes: HostRoutes,
-    scalings: torch.Tensor,
+    scalings: Sequence[float],
     bands: Sequence[tuple[int, int]],
     base_output: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """``out[t, band_p] = scalings[l] * x[t, p*R:p*R+rank] @ weights[l, band_p, :rank]^T (+ base)``:
     one GEMM per run and slice, in fp32.
 
-    x: (T, S * R); weights: (L, N, R); bands: ``S`` host ``(start, end)`` column ranges. Returns
+    x: (T, S * R); weights: (L, N, R); scalings: the ``L`` slots' scale factors, read on the host
+    (once per batch: ``scalings.tolist()`` of the batch info's); bands: ``S`` host ``(start, end)``
+    column ranges. Returns
     (T, N) in x's dtype: ``base_output`` itself when given in x's dtype, the LoRA term added into
     it in place (as SGLang's ``torch_native`` backend and Triton kernels do: no second (T, N)
     tensor, so no fresh pages to fault in and no extra pass over the output), else a new tensor.
@@ -144,7 +147,6 @@ def expand(
     num_rows, out_dim, max_rank = x.shape[0], weights.shape[1], weights.shape[2]
     if not bands_tile(bands, out_dim):
         raise ValueError(f"slice offsets {bands} must tile the {out_dim} output columns from 0")
-    scale = scalings.tolist()
     if base_output is not None:
         result = base_output if base_output.dtype == x.dtype else base_output.to(x.dtype)
     elif routes.covers(num_rows):
@@ -168,11 +170,11 @@ def expand(
         for p, (low, high) in enumerate(bands):
             x_p, b_t, acc_p = x_run[:, p * max_rank : p * max_rank + rank], weights[slot, low:high, :rank].t(), acc[:, low:high]
             if fp32:
-                acc_p.addmm_(x_p, b_t, beta=0 if base_output is None else 1, alpha=scale[slot])
+                acc_p.addmm_(x_p, b_t, beta=0 if base_output is None else 1, alpha=scalings[slot])
             elif base_output is None:  # round the GEMM to x's dtype, as the device path does
-                torch.mul(torch.mm(x_p, b_t).to(torch.float32), scale[slot], out=acc_p)
+                torch.mul(torch.mm(x_p, b_t).to(torch.float32), scalings[slot], out=acc_p)
             else:
-                acc_p.add_(torch.mm(x_p, b_t).to(torch.float32), alpha=scale[slot])
+                acc_p.add_(torch.mm(x_p, b_t).to(torch.float32), alpha=scalings[slot])
         if not in_place:
             _put(result, rows, acc)
     return result
