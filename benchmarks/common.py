@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
@@ -61,6 +62,16 @@ MODELS = {
 
 #: Device types with graphs and streams: ``torch.cuda`` and ``torch.xpu`` share those names.
 GRAPH_DEVICES = ("cuda", "xpu")
+
+
+def use_sglang_triton_kernels(device: torch.device) -> None:
+    """Serve ``intel_xpu``'s linears on SGLang's Triton kernels (``SGLANG_XPU_LORA_KERNELS=triton``:
+    no native or portable ops), on CPU in Triton's interpreter (``TRITON_INTERPRET=1``, left as
+    set if already set). Call before SGLang's kernels are imported: Triton reads the interpreter
+    switch when a kernel is defined."""
+    if torch.device(device).type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["SGLANG_XPU_LORA_KERNELS"] = "triton"
 
 
 def accelerator(device: torch.device):

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import types
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import MODELS, RESULTS, machine
+from benchmarks.common import MODELS, RESULTS, machine, use_sglang_triton_kernels
 from benchmarks.layer import RANK_POINTS, TOLERANCE, Server, measure_path, reference
 from benchmarks.ops import TINY, Case
 
@@ -53,9 +52,7 @@ def main(argv=None) -> None:
         args.device = "cpu"
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    os.environ["SGLANG_XPU_LORA_KERNELS"] = "triton"  # the linears on SGLang's Triton kernels
+    use_sglang_triton_kernels(device)
     from sglang_xpu_lora.providers.triton_launch import Tiles
 
     measure_args = types.SimpleNamespace(

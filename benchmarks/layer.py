@@ -32,7 +32,9 @@ rank): ``<path>_error`` is the largest ``max|out - ref| / max|ref|`` over the fo
 ``--tolerance`` (bf16: 2e-2; float32 on CPU: 1e-4) fails the path at that point
 (``<path>_failed``). A path that raises
 records the error (``<path>_failed``) and the run goes on: on an Intel GPU ``triton_v2`` fails
-this way in SGLang 0.5.23 (its expand kernels read offsets from a CUDA device only).
+this way in SGLang 0.5.23 (its expand kernels read offsets from a CUDA device only). Batches over
+512 tokens (prefill 2048 and 8192) build ``triton_v2``'s route with SGLang's pure-Triton builder,
+not its CUDA JIT alignment kernel (:func:`route_large_batches_in_triton`).
 
 Row-parallel linears (o, down) are measured on one rank without the all-reduce: at TP 8 a server
 adds it to every path alike.
@@ -281,6 +283,26 @@ def _use_emulated_build(build: Optional[str]) -> None:
             kernel_emulator.install(build)
 
 
+def route_large_batches_in_triton(runner) -> None:
+    """Let ``triton_v2``'s dense runner (SGLang's ``DenseLoraRunner``) build the routes of batches
+    over 512 tokens with SGLang's pure-Triton large builder, as the ``intel_xpu`` dense tier does
+    (:func:`sglang_xpu_lora.dense.runner.large_aligned_route`), where SGLang calls its CUDA JIT
+    alignment kernel, which the GPU carry does not hold (a tvm-ffi C++ build). Only the route
+    builder differs; ``triton_v2``'s plans and kernels are SGLang's. The route is built once per
+    forward, by its first linear: in eager and prefill points only the first, untimed, call
+    builds it (:func:`measure_path`), so the figures hold no route build."""
+    from sglang_xpu_lora.dense.runner import SMALL_ROUTE_ROWS, large_aligned_route
+
+    build_route = runner._build_route
+
+    def build_route_without_jit(key: tuple):
+        if key[0] == "sorted" and runner.token_slots.numel() > SMALL_ROUTE_ROWS:
+            return large_aligned_route(runner, key[1])
+        return build_route(key)
+
+    runner._build_route = build_route_without_jit
+
+
 def make_backend(path: str, device: torch.device, max_rank: int, dtype, args):
     """SGLang's backend class for ``path`` (ours for the ``intel_xpu`` paths), built as SGLang's
     ``LoRAManager`` builds it, with ``MAX_LORAS`` slots.
@@ -299,7 +321,9 @@ def make_backend(path: str, device: torch.device, max_rank: int, dtype, args):
     if path == "triton_v2":
         from sglang.srt.lora.backend.triton_v2_backend import TritonV2LoRABackend
 
-        return TritonV2LoRABackend(MAX_LORAS, device)
+        backend = TritonV2LoRABackend(MAX_LORAS, device)
+        route_large_batches_in_triton(backend.runner)
+        return backend
     if path == "torch_native":
         from sglang.srt.lora.backend.torch_backend import TorchNativeLoRABackend
 

@@ -24,7 +24,7 @@ per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x groupe
     python -m benchmarks.plan_sweep --device xpu --out my.plans.json --compile-jobs 8   # an Intel GPU (examples/xpu/measure.sh)
     python -m benchmarks.plan_sweep --quick                             # CPU smoke run (interpreter)
     python -m benchmarks.plan_sweep --quick --device xpu                # the tiny grid on a GPU (the kit's QUICK=1)
-    bash benchmarks/run_plan_sweep_gpu.sh                               # on the H200: compile in parallel, then time
+    bash benchmarks/run_plan_gpu.sh plan_sweep                          # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
 
 The sweep times each linear alone; a whole layer can prefer other plans (the route a layer builds
@@ -245,7 +245,7 @@ def grid(args) -> list[tuple]:
 def compile_in_parallel(argv: list[str], jobs: int, budget: float) -> list[dict]:
     """Fill Triton's cache from ``jobs`` processes at once: this run's arguments ``argv`` with
     ``--compile-only --shard i/jobs`` (each starting no point after ``budget`` seconds), as
-    ``benchmarks/run_plan_sweep_gpu.sh`` starts them. Their output goes to temporary files; the
+    ``benchmarks/run_plan_gpu.sh plan_sweep`` starts them. Their output goes to temporary files; the
     last lines of each are printed. Returns one record per shard: ``shard``, ``returncode``,
     ``seconds``. Never raises for a failing shard: the timed sweep compiles what it left."""
     started, records = time.perf_counter(), []

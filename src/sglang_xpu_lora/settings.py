@@ -6,7 +6,7 @@ anything heavy is imported.
 * :data:`GRAPH_NATIVE_ENV`: whether native ops run inside graphs: ``probe`` (default, decided by a
   trial capture at graph set-up), ``never`` or ``always`` (:mod:`sglang_xpu_lora.providers.capture_probe`).
 * :data:`EAGER_DENSE_MIN_TOKENS_ENV`: from how many tokens an eager batch runs its linears on the
-  dense tier (:mod:`sglang_xpu_lora.backend.xpu`; default 4096, 1: every batch).
+  dense tier (:mod:`sglang_xpu_lora.backend.xpu`; default 2048, 1: every batch).
 * :data:`PLANS_ENV`: a dense-tier plan table file read before the shipped ones
   (:mod:`sglang_xpu_lora.dense.plans`).
 * :data:`ADAPTER_CHECKS_ENV`: which backends' adapters are checked at load

@@ -102,9 +102,9 @@ def test_triton_mode(capsys, monkeypatch, sglang_plugins_loaded):
     status, text = run_doctor(capsys)
     assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed layout at real ranks Linears" in text
     assert report["dense_tier"] == {
-        "modes": ["eager", "graphs"], "eager_min_tokens": 4096, "direct_launches": True, "plans": ["SGLang's default"],
+        "modes": ["eager", "graphs"], "eager_min_tokens": 2048, "direct_launches": True, "plans": ["SGLang's default"],
     }
-    assert ("Linears on the dense tier (SGLang's triton_v2 kernels) outside graphs from 4096 tokens and inside graphs; "
+    assert ("Linears on the dense tier (SGLang's triton_v2 kernels) outside graphs from 2048 tokens and inside graphs; "
             "plans from SGLang's default Linears of smaller eager batches: SGLang's triton kernels launched from "
             "compiled handles Capture probe:") in text
     monkeypatch.delenv("TRITON_INTERPRET")

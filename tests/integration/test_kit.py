@@ -227,7 +227,7 @@ if step in ("layer", "layer_tuned"):
     plans = os.environ.get("SGLANG_XPU_LORA_PLANS", "")
     rows = [dict(p, base_us=100.0 * (1.25 if tuned else 1.0), intel_xpu_us=us, best_peer="triton_v2", best_peer_us=200.0)
             for p, us in zip(points, (150.0, 300.0, 1000.0) if tuned else (200.0, 300.0, 800.0))]
-    dense = dict(plans=[f"SGLANG_XPU_LORA_PLANS={plans}"] * bool(plans) + ["SGLang's default"], graphs=True, eager_from_tokens=4096)
+    dense = dict(plans=[f"SGLANG_XPU_LORA_PLANS={plans}"] * bool(plans) + ["SGLang's default"], graphs=True, eager_from_tokens=2048)
     out = Path(value("--out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "layer-xpu.json").write_text(json.dumps(dict(machine=dict(gpu="Intel GPU", torch="2.14", python="3.11", date="today"), calls=40, rounds=5, prefill_calls=8, prefill_rounds=3,
@@ -294,7 +294,7 @@ def test_the_tuned_layer_runs_with_the_swept_table_and_is_compared_point_by_poin
     assert f"- plan table: `{table}`, 2 rows" in report
     serve = f"SGLANG_XPU_LORA_PLANS={table} sglang serve --model-path MODEL"
     assert serve in report and serve in result.stdout
-    # graph 8 and prefill 8192 on the dense tier (150/200, 1000/800); eager 32 below its 4096 tokens
+    # graph 8 and prefill 8192 on the dense tier (150/200, 1000/800); eager 32 below its 2048 tokens
     assert "| llama-3.1-8b | graph | 64 | 16 | 8 | 8 | True | 200 | 150 | 0.75 | 1.25 | triton_v2 | 1 | 0.75 |" in report
     assert "| llama-3.1-8b | eager | 64 | 16 | 8 | 32 | False | 300 | 300 | 1 | 1.25 | triton_v2 | 1.5 | 1.5 |" in report
     assert "| llama-3.1-8b | prefill | 64 | 16 | 8 | 8192 | True | 800 | 1e+03 | 1.25 | 1.25 | triton_v2 | 4 | 5 |" in report

@@ -138,3 +138,49 @@ def test_the_float64_check_fails_a_path_that_drops_the_lora():
     )
     assert dropped["torch_native_error"] > 1e-3
     assert "over tolerance" in dropped["torch_native_failed"]
+
+
+def test_triton_v2_routes_long_batches_without_the_jit_alignment_kernel(monkeypatch):
+    """Past 512 tokens (8 slots) SGLang's dense runner calls its CUDA JIT alignment kernel, which the GPU
+    carry does not hold; the benchmark's ``triton_v2`` builds that route with SGLang's pure-Triton
+    builder instead, the route ``intel_xpu``'s dense tier builds (same tensors)."""
+    from sglang.kernels.ops.lora.common import routing
+    from sglang.srt.lora.dense.runner import DenseLoraRunner
+    from sglang.srt.lora.utils import Phase
+
+    from benchmarks.layer import route_large_batches_in_triton
+    from sglang_xpu_lora.dense.runner import DeviceDenseRunner
+    from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
+
+    jit_calls = []
+
+    def jit_alignment(*args, **kwargs):
+        jit_calls.append(args)
+        raise RuntimeError("the CUDA JIT alignment kernel")
+
+    monkeypatch.setattr(routing, "_align_block_size_jit", jit_alignment)
+    cpu = torch.device("cpu")
+    slots = torch.tensor([1] * 300 + [-1] * 50 + [3] * 250 + [2] * 10, dtype=torch.int32)
+
+    def bound(runner):
+        runner.begin_batch(
+            token_slots=slots, lora_ranks=torch.tensor([0, 4, 4, 4, 0, 0, 0, 0], dtype=torch.int32),
+            scalings=torch.ones(8), num_tokens=slots.numel(), phase=Phase.PREFILL, graph_mode=False,
+        )
+        return runner
+
+    sglang_runner = bound(DenseLoraRunner(DeviceLoraWorkspace(), max_loras=8, device=cpu, architecture="default"))
+    with pytest.raises(RuntimeError, match="JIT alignment"):
+        sglang_runner.route(16)
+    assert len(jit_calls) == 1
+    route_large_batches_in_triton(sglang_runner)
+    theirs = sglang_runner.route(16)
+    ours = bound(DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=8, device=cpu, architecture="default")).route(16)
+    assert len(jit_calls) == 1
+    padded = int(ours.maybe_num_pairs_post_padded.reshape(-1)[0])
+    assert int(theirs.maybe_num_pairs_post_padded.reshape(-1)[0]) == padded
+    torch.testing.assert_close(theirs.maybe_sorted_pair_ids[:padded], ours.maybe_sorted_pair_ids[:padded])
+    torch.testing.assert_close(theirs.maybe_block_bucket_ids, ours.maybe_block_bucket_ids)
+    # a route at all: every row once, past the block padding
+    pairs = theirs.maybe_sorted_pair_ids[:padded]
+    assert sorted(pairs[pairs < slots.numel()].tolist()) == list(range(slots.numel()))

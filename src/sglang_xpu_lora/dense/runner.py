@@ -43,6 +43,19 @@ from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
 SMALL_ROUTE_ROWS = 512
 
 
+def large_aligned_route(runner: DenseLoraRunner, block_size: int) -> RouteView:
+    """The adapter-aligned route of ``runner``'s batch (``runner.token_slots``: ``(tokens,)``
+    int32 slot per token, -1 none) in blocks of ``block_size`` rows, from SGLang's pure-Triton large
+    builder (``build_route(..., capacity=0)``: any capacity selects it in
+    ``kernels/ops/lora/common/routing.py``), where ``DenseLoraRunner._build_route`` would call the
+    CUDA-only JIT alignment kernel for more than :data:`SMALL_ROUTE_ROWS` rows. Its tensors live in
+    ``runner.workspace`` under the names SGLang's runner gives them."""
+    return build_route(
+        runner.token_slots, max_loras=runner.max_loras, block_size=block_size, view=RouteViewKind.ALIGNED,
+        workspace=runner.workspace, tensor_prefix=f"dense:sorted:{block_size}", capacity=0,
+    )
+
+
 class DeviceDenseRunner(DenseLoraRunner):
     """SGLang's ``DenseLoraRunner`` on any device (module docstring), built as SGLang builds its own:
     ``DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=slots, device=device)``.
@@ -107,15 +120,11 @@ class DeviceDenseRunner(DenseLoraRunner):
         return self.plans.plan_for(kind, self.phase, num_tokens, max_rank, in_features, out_features)
 
     def _build_route(self, key: tuple) -> RouteView:
-        """SGLang's aligned route; above :data:`SMALL_ROUTE_ROWS` rows its pure-Triton large
-        builder (``capacity=0``), never the CUDA-only JIT alignment kernel."""
+        """SGLang's aligned route; above :data:`SMALL_ROUTE_ROWS` rows :func:`large_aligned_route`,
+        never the CUDA-only JIT alignment kernel."""
         if key[0] != "sorted" or self.token_slots.numel() <= SMALL_ROUTE_ROWS:
             return super()._build_route(key)
-        block_size = key[1]
-        return build_route(
-            self.token_slots, max_loras=self.max_loras, block_size=block_size, view=RouteViewKind.ALIGNED,
-            workspace=self.workspace, tensor_prefix=f"dense:sorted:{block_size}", capacity=0,
-        )
+        return large_aligned_route(self, key[1])
 
     def run_b(
         self, bridge: Bridge, b: torch.Tensor, out: torch.Tensor, *, offsets: tuple, plan,

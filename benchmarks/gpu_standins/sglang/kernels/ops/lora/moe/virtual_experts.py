@@ -1,7 +1,8 @@
 """Stand-in for ``sglang.kernels.ops.lora.moe.virtual_experts``: the name the dense route builder
 (``sglang.kernels.ops.lora.common.routing``) imports, for its large routes. SGLang's JIT alignment
-kernel behind it is not carried: ``triton_v2`` prefill of 2048 tokens or more reached it on the
-H200 (2026-12-03), so those points fail with this error in the layer benchmark."""
+kernel behind it is not carried: the layer benchmark builds ``triton_v2``'s routes of more than 512
+tokens with SGLang's pure-Triton builder instead (``benchmarks.layer.route_large_batches_in_triton``),
+so nothing measured reaches this."""
 
 
 def _align_block_size_jit(*args, **kwargs):
