@@ -16,10 +16,12 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import sglang_xpu_lora
 from lora_helpers import forward_batch
@@ -80,8 +82,9 @@ def layer_weights(slots: int) -> dict:
 
 @pytest.fixture
 def batch_runner(monkeypatch, sglang_plugins_loaded):
-    """``run(slots, phase)`` -> ``(one batch, its SGLang-only preparation)``: callables that prepare
-    the same batch (``phase`` decode or prefill, slots 1..ACTIVE active) on an ``intel_xpu``
+    """``run(slots, phase, requests=None)`` -> ``(one batch, its SGLang-only preparation)``: callables
+    that prepare the same batch (``phase`` decode or prefill, ``requests`` requests, by default
+    DECODE_REQUESTS or PREFILL_REQUESTS, over slots 1..ACTIVE in turn) on an ``intel_xpu``
     backend with the portable ops (and run one layer's LoRA modules) or on SGLang's
     ``TritonLoRABackend`` (preparation only), after one warm-up batch each."""
     from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
@@ -91,8 +94,8 @@ def batch_runner(monkeypatch, sglang_plugins_loaded):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", "torch")
     offsets = torch.tensor([0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], dtype=torch.int32)
 
-    def run(slots: int, phase: str):
-        requests = DECODE_REQUESTS if phase == "decode" else PREFILL_REQUESTS
+    def run(slots: int, phase: str, requests: Optional[int] = None):
+        requests = requests or (DECODE_REQUESTS if phase == "decode" else PREFILL_REQUESTS)
         lens = None if phase == "decode" else [PREFILL_LEN] * requests
         batch = forward_batch("DECODE" if phase == "decode" else "EXTEND", requests, lens)
         indices = [1 + i % ACTIVE for i in range(requests)]
@@ -149,10 +152,13 @@ def test_plugin_tensor_work_per_batch_does_not_grow_with_slots(batch_runner, pha
 
 def test_the_count_sees_work_that_grows_with_slots(batch_runner, monkeypatch):
     """The tensor count catches work proportional to S: the portable ops' device routing (what
-    they run on an accelerator) multiplies every row with every slot's weights."""
+    they run on an accelerator) in its every-slot form multiplies every row with every slot's
+    weights."""
     from sglang_xpu_lora.providers import torch_ops
+    from sglang_xpu_lora.providers.torch_routing import device
 
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape: False)
     elements = {}
     for slots in SLOTS:
         one_batch, _ = batch_runner(slots, "decode")
@@ -160,3 +166,46 @@ def test_the_count_sees_work_that_grows_with_slots(batch_runner, monkeypatch):
             one_batch()
         elements[slots] = ours.elements
     assert elements[SLOTS[1]] - elements[SLOTS[0]] > 8 * (SLOTS[1] - SLOTS[0]) * DECODE_REQUESTS, elements
+
+
+class MemoryCounter(TorchDispatchMode):
+    """Elements an accelerator moves, counted per aten call: what every call other than a view
+    writes, and the operands GEMMs read in full (an index or gather call reads what it writes)."""
+
+    GEMMS = ("mm", "addmm", "bmm", "baddbmm")
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = lambda values: [v for v in values if isinstance(v, torch.Tensor)]  # noqa: E731
+        if not func.is_view:
+            self.elements += sum(v.numel() for v in tensors(out if isinstance(out, (tuple, list)) else (out,)))
+        if func.overloadpacket.__name__.rstrip("_") in self.GEMMS:
+            self.elements += sum(v.numel() for v in tensors(args))
+        return out
+
+
+@pytest.mark.parametrize("requests, few_slots", [(2, 8), (16, 64)], ids=["2-requests", "16-requests"])
+def test_device_routing_work_for_a_small_decode_batch_does_not_grow_with_slots(batch_runner, monkeypatch, requests, few_slots):
+    """On an accelerator (the portable ops' device routing, forced here on CPU tensors), a decode
+    batch of a few requests over the same adapters costs the same FLOPs and moves the same elements
+    at S = 256 as at few slots, within 1.1x, beyond SGLang's own preparation: its rows gather their
+    own slots' weights once they are fewer than about a third of the slots. Before, every row was
+    multiplied with every slot's weights: 30x the work at S = 256 as at S = 8."""
+    from sglang_xpu_lora.providers import torch_ops
+
+    monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
+    work = {}
+    for slots in (few_slots, 256):
+        one_batch, sglang_prepare = batch_runner(slots, "decode", requests)
+        with FlopCounterMode(display=False) as flops, MemoryCounter() as ours:
+            one_batch()
+        with MemoryCounter() as sglang:
+            sglang_prepare()
+        work[slots] = (flops.get_total_flops(), ours.elements - sglang.elements)
+    (flops_few, moved_few), (flops_many, moved_many) = work[few_slots], work[256]
+    assert flops_few > 0 and moved_few > 0, work
+    assert flops_many <= 1.1 * flops_few and moved_many <= 1.1 * moved_few, work

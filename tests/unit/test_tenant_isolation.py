@@ -7,10 +7,11 @@ its extra (added-token) rows. Every row that does not belong to that slot must t
 ``remove_lora``), whether the poisoned slot is only resident or also requested by other rows of the
 batch, and the same again once the slot is emptied (zeroed in place, as ``remove_lora`` does).
 
-Providers: the portable ops routed on the host and on the device (both forced on CPU tensors), the
-op table selected over each emulated sgl-kernel-xpu build (native ops where the build has them), and
-SGLang's Triton kernels (the ``triton`` provider, in Triton's interpreter: fp32 and fp16, since the
-interpreter has no bfloat16 arithmetic, see test_triton_ops.py).
+Providers: the portable ops routed on the host and on the device (both forced on CPU tensors; on the
+device both GEMM forms, forced too), the op table selected over each emulated sgl-kernel-xpu build
+(native ops where the build has them), and SGLang's Triton kernels (the ``triton`` provider, in
+Triton's interpreter: fp32 and fp16, since the interpreter has no bfloat16 arithmetic, see
+test_triton_ops.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sglang_cpu_devsupport import kernel_emulator
 
 from sglang_xpu_lora import providers
 from sglang_xpu_lora.providers import torch_ops
+from sglang_xpu_lora.providers.torch_routing import device
 
 ROWS, HIDDEN, RANK, SLOTS, VOCAB, EXTRA = 9, 16, 4, 3, 24, 2
 POISONED = 2
@@ -29,17 +31,19 @@ OFFSETS = [0, 8, 12, 16]  # q, k, v bands of a 16-wide qkv output
 LM_HEAD = 40  # an lm_head-like expand: vocabulary-wide output
 
 
-@pytest.fixture(params=["torch-host", "torch-device", *(f"native-{build}" for build in kernel_emulator.BUILDS)])
+@pytest.fixture(params=["torch-host", "torch-device", "torch-device-gathered", *(f"native-{build}" for build in kernel_emulator.BUILDS)])
 def ops(request, monkeypatch, emulate):
-    """The op table of one provider/routing: the portable ops with either routing, or what
+    """The op table of one provider/routing: the portable ops with either routing (on the device in
+    either GEMM form: every slot's product, or each row's own slot weights gathered), or what
     ``SGLANG_XPU_LORA_KERNELS=auto`` selects over an emulated sgl-kernel-xpu build (native ops where
     the build has them, the portable ones elsewhere)."""
     if request.param.startswith("native-"):
         with emulate(request.param.removeprefix("native-")):
             yield providers.select_ops().eager
         return
-    on_host = request.param == "torch-host"
+    on_host, gathered = request.param == "torch-host", request.param == "torch-device-gathered"
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: on_host)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
     yield torch_ops
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -59,8 +60,15 @@ def decode_batch():
     )
 
 
-def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes():
-    """On "meta" tensors (an accelerator stand-in without data), any host read would fail or show."""
+#: The device routing's two GEMM forms (:func:`device.gathers_rows`), forced.
+GEMM_FORMS = pytest.mark.parametrize("gathered", [False, True], ids=["every-slot", "gathered-rows"])
+
+
+@GEMM_FORMS
+def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes(monkeypatch, gathered):
+    """On "meta" tensors (an accelerator stand-in without data), any host read would fail or show;
+    in either GEMM form."""
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
     p = {k: v.to("meta") if isinstance(v, torch.Tensor) else {n: t.to("meta") for n, t in v.items()} for k, v in decode_batch().items()}
     common, offsets = p["common"], p["offsets"]
     with HostSyncDetector() as detector:
@@ -177,11 +185,13 @@ def test_a_batch_without_segments_gets_no_lora(routing):
     assert torch.equal(out, torch.zeros(3, 4))
 
 
-def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
-    """A long batch's expand runs in row chunks (bounded all-slot products): the same numbers, to the
-    rounding of a GEMM with fewer rows, for bands known on the host (gate_up) and bands read on the
-    device (qkv)."""
+@GEMM_FORMS
+def test_device_gemms_in_row_chunks_give_the_same_numbers(monkeypatch, gathered):
+    """A long batch's GEMMs run in row chunks (bounded all-slot products or gathered weights): the
+    same numbers, to the rounding of a GEMM with fewer rows, for the shrink, and for the expand with
+    bands known on the host (gate_up) and bands read on the device (qkv)."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
     p = decode_batch()
     common = dict(p["common"], permutation=p["permutation"])
 
@@ -189,12 +199,31 @@ def test_device_expand_in_row_chunks_gives_the_same_numbers(monkeypatch):
         return (
             torch_ops.chunked_sgmv_lora_expand_fwd(p["mid"], p["b"], p["offsets"], 6, 3, 2, scalings=p["scalings"], base_output=p["base"].clone(), **common),
             torch_ops.gate_up_lora_b_fwd(p["mid"][:, :8], p["b"], 5, scalings=p["scalings"], **p["common"]),
+            torch_ops.chunked_sgmv_lora_shrink_fwd(p["x"], p["a"], 3, 2, **common),
         )
 
     whole = run()
-    monkeypatch.setattr(device, "MAX_PRODUCT_ELEMENTS", 7 * 2 * 10 * 3)  # 7 rows per chunk: 9 chunks, the last short
+    # 7 rows per chunk of the expand's every-slot products (2 slots x 10 columns x 3 slices): 9
+    # chunks, the last short; the other intermediates are chunked by the same budget
+    monkeypatch.setattr(device, "MAX_PRODUCT_ELEMENTS", 7 * 2 * 10 * 3)
     for chunked, one_chunk in zip(run(), whole):
         torch.testing.assert_close(chunked, one_chunk, rtol=1e-6, atol=1e-6)
+
+
+def test_the_gemm_form_follows_host_shapes_only():
+    """Every slot's product while the batch has rows enough to use each slot's weights read; each
+    row's own weights gathered once rows are fewer than about a third of the slots (a decode batch
+    at many slots), whatever the batch's index tensors hold: rows, slots and the weights' shape."""
+    llama_qkv_a = dict(out_dim=3 * 16, depth=4096)  # the shrink: rank-16 q/k/v over hidden 4096
+    llama_qkv_b = dict(out_dim=6144, depth=16, products=3)  # the expand, bands read on the device
+    for shape in (llama_qkv_a, llama_qkv_b):
+        assert not device.gathers_rows(rows=64, slots=8, **shape)
+        assert device.gathers_rows(rows=2, slots=8, **shape)
+        assert device.gathers_rows(rows=64, slots=256, **shape)
+        assert not device.gathers_rows(rows=8192, slots=8, **shape)
+    assert not device.gathers_rows(rows=4, slots=8, **llama_qkv_a)  # 4 rows' weights: half the slots'
+    assert device.gathers_rows(rows=4, slots=8, **llama_qkv_b)  # rank-16 weights, fewer than 4 x 8 x 3 products
+    assert not device.gathers_rows(rows=1, slots=1, out_dim=48, depth=4096)  # one slot: nothing to save
 
 
 class GemmShapes(TorchDispatchMode):

@@ -5,7 +5,9 @@ Same signatures and semantics as sgl-kernel-xpu ``python/sgl_kernel/lora.py`` (s
 picks one of two routing strategies per op (:func:`routes_on_host`); both give the same numbers:
 
 * **on the device** (:mod:`.torch_routing.device`): any accelerator (XPU, CUDA...), and small CPU
-  problems; sync-free and graph-capturable, every row gathers its own slot's product;
+  problems; sync-free and graph-capturable, every row keeps its own slot's product (of a GEMM with
+  every slot, or, for batches with few rows per slot, of its own slot's weights gathered: a cost
+  that does not grow with the slot count);
 * **on the host** (:mod:`.torch_routing.host`): CPU tensors; one GEMM per run of a slot, over
   the slot's real rank.
 

@@ -5,15 +5,23 @@ row is mapped to its pool slot on the device (:func:`row_slots`: ``searchsorted`
 ``seg_indptr``, then a scatter through ``permutation``), so every op is a fixed sequence of kernels
 whose shapes depend only on tensor shapes and can be captured in a CUDA/XPU graph.
 
-Both GEMMs compute every row's product with every slot's weights in one batched GEMM and then
-**gather** each row's own slot (shrink: ``(T, K) @ (K, L*N)``; expand: ``(T, R) @ (R, N)`` per slot).
-A row's result is therefore a copy of its own slot's product, never a sum over slots: whatever
+Each GEMM takes one of two forms, chosen per op from host-known shapes only (rows ``T``, slots
+``L``, the weights' ``(N, D)``, the slices; :func:`gathers_rows`), never from index contents:
+
+* **every slot**: one GEMM of every row with every slot's weights, then each row **gathers** its
+  own slot's product (shrink: ``(T, K) @ (K, L*N)``; expand: ``(T, R) @ (R, N)`` per slot). It reads
+  each slot's weights once, so it suits batches with many rows per slot, but its FLOPs and its
+  ``(T, L, N)`` products grow with ``L`` (``--max-loras-per-batch``) whatever the batch uses;
+* **gathered rows**: each row's own slot weights are gathered (``weights[slot[t]]``, ``(T, N, D)``)
+  and one batched GEMM multiplies each row with them. Its cost is ``T`` rows' weights, whatever
+  ``L``: a small decode batch costs the same at 8 slots and at 256.
+
+Either way a row's result comes from its own slot's weights only, never a sum over slots: whatever
 another slot holds (NaN, Inf, a previous tenant's weights), no other row reads it, and rows outside
-every segment are set to zero (or ``base_output``) by selection, not by multiplying with zero. This
-costs ``L`` times the FLOPs of a grouped GEMM and a ``(T, L, N)`` intermediate (bounded by row
-chunks, :data:`MAX_PRODUCT_ELEMENTS`), in exchange for a handful of kernels; it reads LoRA-B in the
-pool's own ``(L, N, R)`` layout (no transposed copy). The same selection makes a slot that the
-loader stream is rewriting (``--enable-lora-overlap-loading``: SGLang never loads into a slot a
+every segment are set to zero (or ``base_output``) by selection, not by multiplying with zero. Both
+forms read LoRA-B in the pool's own ``(L, N, R)`` layout (no transposed copy) and run in row chunks
+whose intermediates stay within :data:`MAX_PRODUCT_ELEMENTS`. The same selection makes a slot that
+the loader stream is rewriting (``--enable-lora-overlap-loading``: SGLang never loads into a slot a
 running batch uses) harmless to the batches in flight: their rows never keep its products.
 """
 
@@ -57,10 +65,46 @@ def row_slots(
     return physical.scatter_reduce(0, targets, logical, reduce="amax")
 
 
-#: The expand handles its rows in chunks whose all-slot products stay within this many elements
-#: (64M: 128 MiB in bf16), so a long prefill does not allocate ``T * L * N`` at once. Decode
-#: batches up to a few hundred tokens are one chunk. Chunks are fixed by shapes: graph-capturable.
+#: Both GEMM forms handle their rows in chunks whose intermediates (all-slot products, or gathered
+#: weights) stay within this many elements (64M: 128 MiB in bf16), so a long prefill does not
+#: allocate ``T * L * N`` at once. Decode batches up to a few hundred tokens are one chunk. Chunks are
+#: fixed by shapes: graph-capturable.
 MAX_PRODUCT_ELEMENTS = 1 << 26
+
+#: Elements the gathered form moves per gathered weight: the gather reads and writes it, the batched
+#: GEMM reads it again.
+GATHER_PASSES = 3
+
+
+def gathers_rows(rows: int, slots: int, out_dim: int, depth: int, products: int = 1) -> bool:
+    """Whether a GEMM of ``rows`` rows with their slots' ``(out_dim, depth)`` weights gathers each
+    row's own weights (else every slot's product is computed and each row keeps its own).
+
+    From host-known shapes only (graph-capturable, no device read): the elements each form moves.
+    Every slot: each slot's weights once (``slots * out_dim * depth``), and ``rows * slots *
+    out_dim * products`` products written and read back (``products``: the slices each row's
+    input is multiplied as, when the column bands are known only on the device). Gathered rows:
+    :data:`GATHER_PASSES` passes over ``rows * out_dim * depth`` gathered weights and its own
+    ``rows * out_dim * products`` products, whatever ``slots``. The FLOPs are ``slots`` times
+    fewer too. Decode batches with fewer rows than about a third of the slots gather.
+    """
+    every_slot = slots * out_dim * depth + 2 * rows * slots * out_dim * products
+    gathered = GATHER_PASSES * rows * out_dim * depth + 2 * rows * out_dim * products
+    return gathered < every_slot
+
+
+def _in_row_chunks(num_rows: int, per_row: int, compute, like: torch.Tensor, width: int) -> torch.Tensor:
+    """``compute(rows)`` (a slice of rows -> (C, width)) over ``num_rows`` rows in chunks of at most
+    :data:`MAX_PRODUCT_ELEMENTS` ``// per_row`` rows (static: shapes only); one chunk is returned as
+    is, several are written into a new (T, width) tensor of ``like``'s dtype."""
+    chunk = max(1, MAX_PRODUCT_ELEMENTS // max(1, per_row))
+    if num_rows <= chunk:
+        return compute(slice(0, num_rows))
+    out = like.new_empty((num_rows, width))
+    for start in range(0, num_rows, chunk):
+        rows = slice(start, min(start + chunk, num_rows))
+        out[rows] = compute(rows)
+    return out
 
 
 class DeviceRoutes:
@@ -101,12 +145,26 @@ def _gather_own(every_slot: torch.Tensor, slot_index: torch.Tensor, outside: tor
 def shrink(x: torch.Tensor, weights: torch.Tensor, routes: DeviceRoutes) -> torch.Tensor:
     """``out[t] = x[t] @ weights[slot[t]]^T``, zero outside segments; (T, N) in x's dtype.
 
-    x: (T, K); weights: (L, N, K). One GEMM ``(T, K) @ (K, L*N)``, then each row gathers its slot.
+    x: (T, K); weights: (L, N, K). Every slot: one GEMM ``(T, K) @ (K, L*N)``, then each row gathers
+    its slot. Gathered rows (:func:`gathers_rows`): ``weights[slot[t]]`` per row, one batched GEMM.
     """
     num_rows, hidden = x.shape
     num_slots, out_dim, _ = weights.shape
-    every_slot = torch.mm(x, weights.reshape(num_slots * out_dim, hidden).t())
-    return routes.own(every_slot.view(num_rows, num_slots, out_dim))
+    if gathers_rows(num_rows, num_slots, out_dim, hidden):
+
+        def compute(rows):
+            own = weights.index_select(0, routes.slot_index[rows])  # (C, N, K): each row's own slot
+            product = torch.bmm(own, x[rows].unsqueeze(2)).view(own.shape[0], out_dim)
+            return product.masked_fill(routes.outside[rows], 0)
+
+        return _in_row_chunks(num_rows, out_dim * hidden, compute, x, out_dim)
+    flat = weights.reshape(num_slots * out_dim, hidden).t()
+
+    def every_slot(rows):
+        products = torch.mm(x[rows], flat)
+        return _gather_own(products.view(-1, num_slots, out_dim), routes.slot_index[rows], routes.outside[rows])
+
+    return _in_row_chunks(num_rows, num_slots * out_dim, every_slot, x, out_dim)
 
 
 def expand(
@@ -127,8 +185,9 @@ def expand(
     to ``base_output`` in fp32, into ``base_output`` itself (returned) when it has x's dtype. Bands
     come from host ``bands`` when known statically (consecutive, tiling ``[0, N)``), else from the
     device tensor ``slice_offsets`` (``(S + 1,)``), without reading it on the host (see
-    :func:`_own_products`). Rows go in chunks of at most
-    :data:`MAX_PRODUCT_ELEMENTS` all-slot products.
+    :func:`_own_products`). Every slot (:func:`_own_products`) or gathered rows
+    (:func:`_gathered_products`), by :func:`gathers_rows`; rows go in chunks of at most
+    :data:`MAX_PRODUCT_ELEMENTS` elements of intermediates.
     """
     num_rows = x.shape[0]
     num_slots, out_dim, _ = weights.shape
@@ -137,17 +196,16 @@ def expand(
         column_slice = torch.searchsorted(
             slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
         )
-    per_row = num_slots * out_dim * (num_slices if bands is None else 1)
-    chunk = max(1, MAX_PRODUCT_ELEMENTS // per_row)
-    if num_rows <= chunk:
-        out = _own_products(x, weights, routes.slot_index, routes.outside, num_slices, bands, column_slice)
+    products = num_slices if bands is None else 1
+    if gathers_rows(num_rows, num_slots, out_dim, weights.shape[2], products):
+        form, per_row = _gathered_products, out_dim * (weights.shape[2] + products)
     else:
-        out = x.new_empty((num_rows, out_dim))
-        for start in range(0, num_rows, chunk):  # static: shapes only
-            rows = slice(start, min(start + chunk, num_rows))
-            out[rows] = _own_products(
-                x[rows], weights, routes.slot_index[rows], routes.outside[rows], num_slices, bands, column_slice
-            )
+        form, per_row = _own_products, num_slots * out_dim * products
+    out = _in_row_chunks(
+        num_rows, per_row,
+        lambda rows: form(x[rows], weights, routes.slot_index[rows], routes.outside[rows], num_slices, bands, column_slice),
+        x, out_dim,
+    )
     scale = routes.row_scale(scalings)
     if base_output is None:
         return torch.mul(out, scale).to(x.dtype)
@@ -179,3 +237,24 @@ def _own_products(x, weights, slot_index, outside, num_slices, bands, column_sli
         for p, (start, end) in enumerate(bands)
     ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _gathered_products(x, weights, slot_index, outside, num_slices, bands, column_slice) -> torch.Tensor:
+    """:func:`_own_products` from each row's own slot weights, gathered: ``weights[slot[t]]``
+    (C, N, R), then per band one batched GEMM of the row's slice with them. Without host bands,
+    one batched GEMM gives every slice's product over all columns, ``(C, N, S)``, and each column
+    takes its slice's; columns past the last offset get zero. No other slot is read."""
+    num_rows = x.shape[0]
+    _, out_dim, max_rank = weights.shape
+    own = weights.index_select(0, slot_index)  # (C, N, R)
+    x_slices = x.reshape(num_rows, num_slices, max_rank)
+    if bands is None:
+        every_slice = torch.bmm(own, x_slices.transpose(1, 2))  # (C, N, S)
+        which = column_slice.clamp(max=num_slices - 1).view(1, out_dim, 1).expand(num_rows, out_dim, 1)
+        mine = every_slice.gather(2, which).view(num_rows, out_dim)
+        return mine.masked_fill(outside | (column_slice == num_slices), 0)
+    parts = [  # static: one per stacked projection
+        torch.bmm(own[:, start:end], x_slices[:, p].unsqueeze(2)).view(num_rows, end - start)
+        for p, (start, end) in enumerate(bands)
+    ]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).masked_fill(outside, 0)
