@@ -33,7 +33,16 @@ report with its exit status and the last lines of its output, and the next step 
    table with rows (``plan_sweep`` failed or was not run, here or before into the same folder);
 7. ``sync_cost``: :mod:`benchmarks.sync_cost`, what the native ops' host reads cost per eager decode
    step (a stand-in measured on this device);
-8. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
+8. ``scale``: :mod:`benchmarks.scale` on this device, many adapters over few slots: one ``sglang
+   serve`` of the tiny Llama per LoRA backend that runs there (``intel_xpu``, ``torch_native``,
+   ``triton``, ``csgmv``; on CUDA also ``triton_v2``), 8 then 1,000 adapters loaded over 64 slots,
+   64 requests with 64 in flight and an adapter unloaded and reloaded every second (the issue's
+   target run, :data:`SCALE_RUN`; ``--quick``: 2 then 3 adapters over 2 slots); writes
+   ``DIR/scale-<device>.json`` (adapters and server logs under ``DIR/scale-artifacts``,
+   ``DIR/scale-logs``); the report gives each backend's time to first token and tokens/s at 1,000
+   adapters against 8, ``intel_xpu``'s tokens/s against the fastest other backend, and how many
+   sampled outputs equal transformers + PEFT;
+9. ``serving``: ``examples/xpu/bench_serving.sh`` (``intel_xpu``, ``triton`` and ``csgmv``, each
    eager and with decode graphs; its ``BACKENDS``/``SCENARIOS``/``PORT`` settings apply from the
    environment); skipped unless ``--model`` and ``--adapters`` are given.
 
@@ -64,7 +73,7 @@ from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = "sglang-xpu-lora-report.md"
-STEPS = ("doctor", "capture_probe", "ops", "layer", "plan_sweep", "layer_tuned", "sync_cost", "serving")
+STEPS = ("doctor", "capture_probe", "ops", "layer", "plan_sweep", "layer_tuned", "sync_cost", "scale", "serving")
 #: ``sglang_xpu_lora.settings.PLANS_ENV``, spelled here: the kit imports nothing of the plugin, so it
 #: reports an environment where the plugin does not import too (the doctor step says why).
 PLANS_ENV = "SGLANG_XPU_LORA_PLANS"
@@ -77,6 +86,8 @@ SWEEP_BUDGET_SHARE = 0.8
 TAIL_LINES = 15
 #: Grid of the op step off ``--quick``: ranks below and at max_lora_rank 64, best of 3.
 OPS_GRID = ("--points", "below-max-rank", "--repeats", "3", "--seconds", "0.1")
+#: Workload of the scale step off ``--quick``: issue 31's target run (docs/sizing.md).
+SCALE_RUN = ("--slots", "64", "--adapters", "8", "1000", "--in-flight", "64", "--requests", "64", "--churn", "1")
 
 
 @dataclasses.dataclass
@@ -154,6 +165,10 @@ def plan(args) -> list[tuple[str, list[str], list[str], dict]]:
         "sync_cost": (
             _python("benchmarks.sync_cost", "--device", device, "--out", str(out), *(("--quick",) if quick else ())),
             [f"sync-cost-{device}{suffix}.json"], {}),
+        "scale": (
+            _python("benchmarks.scale", "--device", device, "--out", str(out), "--artifacts", str(out / "scale-artifacts"),
+                    "--log-dir", str(out / "scale-logs"), *(("--quick",) if quick else SCALE_RUN)),
+            [f"scale-{device}{suffix}.json"], {}),
     }
     if args.model and args.adapters:
         steps["serving"] = (["bash", str(REPO / "examples" / "xpu" / "bench_serving.sh")], [],
@@ -554,6 +569,59 @@ def sync_section(report: Optional[dict]) -> list[str]:
         ("step ratio", "step_ratio"), ("LoRA ratio", "lora_ratio")])
 
 
+def scale_rows(report: dict) -> list[dict]:
+    """The scale benchmark's rows, each with its time to first token (p50) and tokens/s over the
+    same backend's at the fewest adapters and the same requests in flight, and on ``intel_xpu``'s
+    rows its tokens/s over the fastest other backend's at the same adapters and in flight."""
+    rows = [dict(row) for row in report.get("rows", [])]
+    for row in rows:
+        same = [r for r in rows if r["backend"] == row["backend"] and r["in_flight"] == row["in_flight"]]
+        fewest = min(same, key=lambda r: r["adapters"])
+        if fewest.get("ttft_p50_s") and row.get("ttft_p50_s") is not None:
+            row["ttft_vs_fewest"] = row["ttft_p50_s"] / fewest["ttft_p50_s"]
+        if fewest.get("tok_s") and row.get("tok_s") is not None:
+            row["tok_s_vs_fewest"] = row["tok_s"] / fewest["tok_s"]
+        peers = [r["tok_s"] for r in rows if r["backend"] != row["backend"] and r["adapters"] == row["adapters"]
+                 and r["in_flight"] == row["in_flight"] and r.get("tok_s")]
+        if row["backend"] == "intel_xpu" and peers and row.get("tok_s"):
+            row["vs_best_peer"] = row["tok_s"] / max(peers)
+    return rows
+
+
+def scale_section(report: Optional[dict], step: Optional[Step]) -> list[str]:
+    """The scale step: its settings, failed backends, per backend the most adapters against the
+    fewest (issue 31's targets: time to first token p50 at most 1.5x, tokens/s at least 0.8x) and
+    the sampled outputs' check, then every row."""
+    lines = ["## Scale (benchmarks/scale.py: K adapters loaded, S slots, C requests in flight; seconds, tokens/s)", ""]
+    if step is None or step.status == "skipped":
+        return lines + [step.error if step and step.error else "not selected (--steps, --skip)"]
+    if not report:
+        return lines + ["(no scale result)"]
+    settings = report.get("settings") or {}
+    lines.append(f"- backends {', '.join(settings.get('backends', []))}; slots {settings.get('slots')}, adapters "
+                 f"{settings.get('adapters')}, in flight {settings.get('in_flight')}, {settings.get('requests')} requests of "
+                 f"{settings.get('new_tokens')} tokens, reload every {settings.get('churn') or '-'} s")
+    for backend, error in (report.get("failed") or {}).items():
+        lines.append(f"- {backend}: failed: {_cell(str(error).splitlines()[0] if error else '?')}")
+    rows = scale_rows(report)
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        mine = [r for r in rows if r["backend"] == backend]
+        most = max(r["adapters"] for r in mine)
+        ratios = [r for r in mine if r["adapters"] == most and "ttft_vs_fewest" in r]
+        checked, exact = sum(r.get("checked", 0) for r in mine), sum(r.get("exact", 0) for r in mine)
+        summary = "; ".join(f"C = {r['in_flight']}: TTFT p50 {r['ttft_vs_fewest']:.3g}x, tokens/s {r.get('tok_s_vs_fewest', float('nan')):.3g}x"
+                            for r in ratios)
+        lines.append(f"- {backend}: {most} adapters against {min(r['adapters'] for r in mine)}: {summary or 'one K only'}; "
+                     f"sampled outputs equal to transformers + PEFT: {exact}/{checked}")
+    return lines + ["", *_table(rows, [
+        ("backend", "backend"), ("adapters", "adapters"), ("slots", "slots"), ("in flight", "in_flight"), ("requests", "requests"),
+        ("TTFT p50 s", "ttft_p50_s"), ("TTFT p95 s", "ttft_p95_s"), ("TTFT p50 / fewest K", "ttft_vs_fewest"),
+        ("tok/s", "tok_s"), ("tok/s / fewest K", "tok_s_vs_fewest"), ("intel_xpu tok/s / best peer", "vs_best_peer"),
+        ("latency p99 s", "latency_p99_s"), ("latency max s", "latency_max_s"), ("tail s", "tail_s"), ("reloads", "reloads"),
+        ("load ms (median)", "load_ms_median"), ("load ms (max)", "load_ms_max"), ("host MiB / adapter", "rss_mib_per_adapter"),
+        ("device MiB / adapter", "device_mib_per_adapter"), ("checked", "checked"), ("exact", "exact"), ("load 1m", "load_1m")])]
+
+
 def raw_section(out: Path, steps: list[Step]) -> list[str]:
     lines = ["## Raw results", ""]
     for step in steps:
@@ -590,6 +658,7 @@ def write_report(args, steps: list[Step]) -> Path:
         _section("Plan table", lambda: plans_section(args, by_name, loaded)),
         _section("Serving", lambda: serving_section(out, by_name.get("serving"))),
         _section("Sync cost", lambda: sync_section(loaded("sync_cost"))),
+        _section("Scale", lambda: scale_section(loaded("scale"), by_name.get("scale"))),
         raw_section(out, steps),
     ]
     path = out / REPORT

@@ -2,7 +2,8 @@
 batch (``--max-loras-per-batch``), C requests in flight (issue 31).
 
 For each LoRA backend (``intel_xpu`` and SGLang's ``torch_native`` on CPU; also ``triton``, ``csgmv``
-and ``triton_v2`` on a CUDA GPU), one server is started with the first adapter and the others are
+and ``triton_v2`` on a CUDA GPU, ``triton`` and ``csgmv`` on an Intel GPU, where SGLang 0.5.23's
+``triton_v2`` fails), one server is started with the first adapter and the others are
 loaded through ``/load_lora_adapter``, up to each K in turn (the server stays up, so K grows). At
 each K, for each C, N streamed ``/generate`` requests (fresh random prompts, greedy, ``ignore_eos``,
 ``--new-tokens`` tokens each), spread over the K adapters (N distinct adapters at most), are sent
@@ -46,9 +47,15 @@ about 2 minutes for both backends)::
 
     python -m benchmarks.scale --slots 64 --adapters 8 1000 --in-flight 64 --requests 64 --churn 1
 
-On a CUDA GPU:
-``--device cuda`` (``--set attention_backend=triton`` and other ``sglang serve`` settings as
-``KEY=VALUE``). Measured figures come from a quiet machine; none is asserted anywhere.
+On a GPU: ``--device cuda`` or ``--device xpu`` (the XPU kit, ``examples/xpu/measure.sh``, runs
+the issue's target run there), ``--set attention_backend=triton`` and other ``sglang serve``
+settings as ``KEY=VALUE`` (by default the servers run the tiny Llama as the CPU engine does: float32,
+``torch_native`` attention, no decode graphs). A backend whose server fails (to start, or in a
+request) is recorded in the JSON's ``failed`` with the error and the run goes on with the next;
+the exit status is 1 when no backend ran. The client needs ``sglang_cpu_devsupport`` (the tiny
+model, the server helpers): from this checkout's ``devsupport/src`` when it is not installed, put
+after every installed package so that its ``sgl_kernel`` stub never shadows a real build (the
+servers never see it). Measured figures come from a quiet machine; none is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ import random
 import shutil
 import os
 import statistics
+import sys
 import threading
 import time
 import urllib.request
@@ -69,7 +77,13 @@ from typing import Optional
 from benchmarks.common import RESULTS, write
 
 #: Backends run by default: those that run on the device type.
-BACKENDS = {"cpu": ("intel_xpu", "torch_native"), "cuda": ("intel_xpu", "torch_native", "triton", "csgmv", "triton_v2")}
+BACKENDS = {
+    "cpu": ("intel_xpu", "torch_native"),
+    "cuda": ("intel_xpu", "torch_native", "triton", "csgmv", "triton_v2"),
+    "xpu": ("intel_xpu", "torch_native", "triton", "csgmv"),
+}
+#: This checkout's development shims (``sglang_cpu_devsupport``), for a client where they are not installed.
+DEVSUPPORT = Path(__file__).resolve().parents[1] / "devsupport" / "src"
 TEMPLATE = "scale-template"
 CHURNED = "scale-churn"
 COLUMNS = [
@@ -291,6 +305,16 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
     return rows
 
 
+def import_devsupport() -> None:
+    """Make ``sglang_cpu_devsupport`` importable in this process: installed, or else from
+    :data:`DEVSUPPORT`, appended to ``sys.path`` (after every installed package: a real
+    ``sgl_kernel`` build is found before the folder's stub; this client imports neither)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang_cpu_devsupport") is None:
+        sys.path.append(str(DEVSUPPORT))
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapters", type=int, nargs="+", default=[8, 32, 1000], help="K values, loaded in turn")
@@ -319,6 +343,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     backends = args.backends or BACKENDS.get(args.device, ("intel_xpu", "torch_native"))
 
+    import_devsupport()
     from sglang_cpu_devsupport import serving
 
     paths = build_adapters(args.artifacts, max(args.adapters), args.rank)
@@ -331,14 +356,21 @@ def main(argv: Optional[list[str]] = None) -> None:
         return references[input_ids, lora]
 
     load_before = os.getloadavg()
-    rows = []
+    rows, failed = [], {}
     for backend in backends:
-        rows += run_backend(backend, paths, args, env, reference)
+        try:
+            rows += run_backend(backend, paths, args, env, reference)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other backends still run
+            failed[backend] = f"{type(exc).__name__}: {exc}"[:2000]
+            print(f"[scale] {backend} failed (its server log: {args.log_dir / f'scale-{backend}.log'}): {failed[backend]}", flush=True)
     name = f"scale-{args.device}" + ("-quick" if args.quick else "")
     settings = {key: value for key, value in vars(args).items() if key not in ("artifacts", "log_dir", "out")}
     columns = COLUMNS + (["device_mib_per_adapter"] if args.device != "cpu" else [])
-    extra = {"settings": {**settings, "backends": list(backends)}, "load_average": {"before": load_before, "after": os.getloadavg()}}
+    extra = {"settings": {**settings, "backends": list(backends)}, "load_average": {"before": load_before, "after": os.getloadavg()},
+             "failed": failed}
     write(name, rows, columns, args.out, extra=extra)
+    if not rows:
+        sys.exit(f"[scale] no backend ran: {failed}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
 # --max-lora-rank), the layer benchmark (one decoder layer with its base GEMMs through every SGLang
 # LoRA backend, triton_v2 included, and intel_xpu), the plan sweep (every candidate plan of the
 # dense tier timed per linear on this GPU, written as a plan table), the layer benchmark again with
-# that table (intel_xpu with it against SGLang's default table, point by point), SGLang's serving
-# benchmark (with MODEL and ADAPTERS) and the host-sync cost.
+# that table (intel_xpu with it against SGLang's default table, point by point), the host-sync
+# cost, the scale benchmark (8 then 1,000 adapters over 64 slots, one server of a tiny Llama per LoRA
+# backend that runs on the device: time to first token and tokens/s against the adapter count) and
+# SGLang's serving benchmark (with MODEL and ADAPTERS).
 # A failing step is recorded in the report; the others still run. Run it from a checkout of this
 # repository, in the Python environment that serves (torch XPU, SGLang, sglang-xpu-lora):
 #
@@ -14,6 +16,7 @@
 #   MODEL=meta-llama/Llama-3.1-8B-Instruct ADAPTERS="a=/path/a b=/path/b c=/path/c d=/path/d" \
 #       bash examples/xpu/measure.sh
 #   bash examples/xpu/measure.sh --skip plan_sweep,layer_tuned    # without the sweep (its longest step)
+#   bash examples/xpu/measure.sh --steps scale        # only the scale benchmark (-> scale-xpu.json)
 #   bash examples/xpu/measure.sh --dry-run            # the steps' commands, nothing run
 #
 # The plan table lands in the report folder (sglang-xpu-lora-report/xpu.plans.json); serve with it:

@@ -6,12 +6,13 @@ also the smoke run of the benchmarks it steps through (each once per suite, so t
 the op benchmark's tiers are measured (finite numbers) with the ratios it prints the quotients of
 its timings and the Triton tier's output within 1e-5 of the float64 reference, the sync-cost
 benchmark counts the native ops' host reads, and the capture probe on CPU tries nothing and matches
-the reference. The plan sweep and the layer with its table (minutes in Triton's interpreter) are
-left out of that run: their command lines as an Intel GPU gets them come from ``measure.sh
+the reference. The plan sweep and the layer with its table (minutes in Triton's interpreter) and the
+scale benchmark (a server per backend; its own smoke run is test_benchmarks_smoke.py::test_scale)
+are left out of that run: their command lines as an Intel GPU gets them come from ``measure.sh
 --dry-run``, and the kit's handling of them (the table's path in the tuned layer's environment, a
 stale table removed, a failed sweep skipping the tuned layer and losing no other step, the
-comparison's quotients) is run with stand-in step commands that read the kit's real arguments.
-No timing is asserted."""
+comparison's quotients, the scale table and its ratios) is run with stand-in step commands that
+read the kit's real arguments. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = ("## Machine", "## Steps", "## Doctor", "## Capture probe", "## Op benchmark", "## Layer benchmark", "## Plan table",
-            "## Serving", "## Sync cost", "## Raw results")
+            "## Serving", "## Sync cost", "## Scale", "## Raw results")
 #: The sweep and the layer with its table: left out of the quick run (minutes in the interpreter).
 SWEEP_STEPS = "plan_sweep,layer_tuned"
+#: Left out of the quick run: the sweep steps, and the scale benchmark (a server start-up per backend).
+QUICK_RUN_LEAVES_OUT = SWEEP_STEPS + ",scale"
 
 
 def run_kit(out: Path, *args: str, **env_vars) -> tuple[subprocess.CompletedProcess, str, dict]:
@@ -46,7 +49,7 @@ def quick_run(tmp_path_factory):
     tests/conftest.py) as the op benchmark's own smoke test runs it."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     out = tmp_path_factory.mktemp("kit")
-    return out, *run_kit(out, "--skip", SWEEP_STEPS, SGLANG_XPU_LORA_KERNELS="triton")
+    return out, *run_kit(out, "--skip", QUICK_RUN_LEAVES_OUT, SGLANG_XPU_LORA_KERNELS="triton")
 
 
 @pytest.mark.launches
@@ -66,6 +69,8 @@ def test_every_step_runs_and_the_report_has_every_section(quick_run):
     assert "- can_serve: True" in report and "| chunked_sgmv_lora_expand_fwd | triton | triton |" in report
     assert "Device cpu, all checks passed: True" in report
     assert "## Plan table (benchmarks/plan_sweep.py on this device) and the layer with it\n\nnot selected (--steps, --skip)" in report
+    assert "## Scale (benchmarks/scale.py: K adapters loaded, S slots, C requests in flight; seconds, tokens/s)\n\n" \
+           "not selected (--steps, --skip)" in report
 
 
 @pytest.mark.launches
@@ -190,13 +195,14 @@ def test_dry_run_lists_the_sweep_and_the_layer_with_its_table_on_an_intel_gpu(tm
     """What measure.sh runs on an Intel GPU, without one: the plan sweep on the XPU (compile
     processes first, a budget inside the step timeout) writing the table into the report folder, the
     layer benchmark again with SGLANG_XPU_LORA_PLANS naming that table, the first layer run with it
-    cleared; --skip leaves both out; nothing is run or written."""
+    cleared, the scale benchmark on the XPU writing into the report folder; --skip leaves steps out;
+    nothing is run or written."""
     from sglang_xpu_lora.settings import PLANS_ENV
 
     assert PLANS_ENV == "SGLANG_XPU_LORA_PLANS"  # the name the kit spells without importing the plugin
     out = tmp_path / "report"
     steps = dry_run(out, "--sweep-compile-jobs", "4")
-    assert list(steps) == ["doctor", "capture_probe", "ops", "layer", "plan_sweep", "layer_tuned", "sync_cost", "serving"]
+    assert list(steps) == ["doctor", "capture_probe", "ops", "layer", "plan_sweep", "layer_tuned", "sync_cost", "scale", "serving"]
     table = out / "xpu.plans.json"
     assert steps["plan_sweep"].endswith(f"-m benchmarks.plan_sweep --device xpu --out {table} --results {out} "
                                         "--compile-jobs 4 --budget-seconds 2880"), steps["plan_sweep"]
@@ -204,9 +210,13 @@ def test_dry_run_lists_the_sweep_and_the_layer_with_its_table_on_an_intel_gpu(tm
                                     f"-m benchmarks.layer --device xpu --out {out / 'layer-tuned'} --paths base,intel_xpu")
     assert steps["layer"] == f"layer: SGLANG_XPU_LORA_PLANS='' {sys.executable} -m benchmarks.layer --device xpu --out {out}"
     assert steps["serving"].startswith("serving: skipped: not run: give --model and --adapters")
+    # the scale benchmark on the XPU: issue 31's target run, its adapters and server logs in the report folder
+    assert steps["scale"] == (f"scale: {sys.executable} -m benchmarks.scale --device xpu --out {out} --artifacts {out / 'scale-artifacts'} "
+                              f"--log-dir {out / 'scale-logs'} --slots 64 --adapters 8 1000 --in-flight 64 --requests 64 --churn 1")
     assert not out.exists()
-    quick = dry_run(out, "--steps", "layer,plan_sweep,layer_tuned", "--skip", "layer", QUICK="1", SGLANG_XPU_LORA_PLANS="/elsewhere")
-    assert list(quick) == ["plan_sweep", "layer_tuned"]  # the tiny grid on the XPU itself, not the interpreter
+    quick = dry_run(out, "--steps", "layer,plan_sweep,layer_tuned,scale", "--skip", "layer", QUICK="1", SGLANG_XPU_LORA_PLANS="/elsewhere")
+    assert list(quick) == ["plan_sweep", "layer_tuned", "scale"]  # the tiny grid on the XPU itself, not the interpreter
+    assert " -m benchmarks.scale --device xpu " in quick["scale"] and quick["scale"].endswith(" --quick")
     assert " --device xpu " in quick["plan_sweep"] and quick["plan_sweep"].endswith(" --quick --calls 2 --rounds 1")
     assert f"SGLANG_XPU_LORA_PLANS={table} " in quick["layer_tuned"] and quick["layer_tuned"].endswith(" --quick")
     assert "plan_sweep" not in dry_run(out, "--skip", "plan_sweep,layer_tuned") and not out.exists()
@@ -243,6 +253,15 @@ elif step == "plan_sweep":
         sweep = 7  # not a list of points
     results.joinpath("plan-sweep-xpu.json").write_text(json.dumps(dict(points=sweep, points_not_run=3, compile_jobs=[])))
     table.write_text(json.dumps(dict(rows=[dict(name="decode.llama.qkv", phase="decode")] * 2)))
+elif step == "scale":
+    assert Path(value("--artifacts")).name == "scale-artifacts" and value("--device") == "xpu"
+    row = lambda backend, k, ttft, tok_s: dict(backend=backend, adapters=k, slots=64, in_flight=64, requests=64, ttft_p50_s=ttft,
+                                               ttft_p95_s=2 * ttft, tok_s=tok_s, checked=2, exact=2 if backend == "intel_xpu" else 1)
+    rows = [row("intel_xpu", 8, 0.1, 900.0), row("intel_xpu", 1000, 0.12, 720.0), row("triton", 8, 0.2, 600.0), row("triton", 1000, 0.5, 480.0)]
+    settings = dict(backends=["intel_xpu", "torch_native", "triton", "csgmv"], slots=64, adapters=[8, 1000], in_flight=[64], requests=64,
+                    new_tokens=16, churn=1.0)
+    failed = dict(torch_native="RuntimeError: server exited\nmore", csgmv="TimeoutError: no answer")
+    Path(value("--out")).joinpath("scale-xpu.json").write_text(json.dumps(dict(settings=settings, failed=failed, rows=rows)))
 else:
     Path(value("--out")).joinpath("sync-cost-xpu.json").write_text(json.dumps(dict(rows=[dict(tokens=1, layers=1)])))
 """
@@ -280,7 +299,7 @@ def test_the_tuned_layer_runs_with_the_swept_table_and_is_compared_point_by_poin
     result, out, report, steps = run_standins(tmp_path, SGLANG_XPU_LORA_PLANS="/a/users/own.plans.json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert {n: s["status"] for n, s in steps.items()} == {
-        "layer": "ok", "plan_sweep": "ok", "layer_tuned": "ok", "sync_cost": "ok", "serving": "skipped"}
+        "layer": "ok", "plan_sweep": "ok", "layer_tuned": "ok", "sync_cost": "ok", "scale": "ok", "serving": "skipped"}
     table = out / "xpu.plans.json"
     assert steps["plan_sweep"]["files"] == ["plan-sweep-xpu.json", "xpu.plans.json"]
     assert steps["layer_tuned"]["files"] == ["layer-tuned/layer-xpu.json"]
@@ -313,7 +332,7 @@ def test_a_failed_sweep_skips_the_tuned_layer_and_keeps_every_other_result(tmp_p
     result, out, report, steps = run_standins(tmp_path, STANDIN_SWEEP_FAILS="1")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert {n: s["status"] for n, s in steps.items()} == {
-        "layer": "ok", "plan_sweep": "failed", "layer_tuned": "skipped", "sync_cost": "ok", "serving": "skipped"}
+        "layer": "ok", "plan_sweep": "failed", "layer_tuned": "skipped", "sync_cost": "ok", "scale": "ok", "serving": "skipped"}
     assert not stale.exists() and steps["plan_sweep"]["files"] == []
     assert "RuntimeError: the sweep broke" in steps["plan_sweep"]["error"]
     assert steps["layer_tuned"]["error"] == ("not run: xpu.plans.json does not exist (the plan_sweep step writes it; it failed, "
@@ -335,3 +354,27 @@ def test_a_result_the_report_cannot_read_costs_its_own_section_only(tmp_path):
     assert "## Plan table\n\n(this section could not be written: TypeError: " in report
     positions = [report.index(section) for section in SECTIONS if section not in ("## Doctor", "## Capture probe", "## Op benchmark")]
     assert positions == sorted(positions) and "<summary>layer-tuned/layer-xpu.json</summary>" in report
+
+
+@pytest.mark.launches
+def test_the_scale_step_puts_its_table_and_ratios_in_the_report(tmp_path):
+    """The scale benchmark's result on an Intel GPU (a stand-in's, from the kit's real arguments):
+    the report lists the backends that failed with their first line, per backend the time to first
+    token and tokens/s at the most adapters over the fewest and the sampled outputs' check, and the
+    table with intel_xpu's tokens/s over the fastest other backend's; the raw JSON is embedded."""
+    result, out, report, steps = run_standins(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert steps["scale"]["status"] == "ok" and steps["scale"]["files"] == ["scale-xpu.json"]
+    section = report[report.index("## Scale"):report.index("## Raw results")]
+    assert "- backends intel_xpu, torch_native, triton, csgmv; slots 64, adapters [8, 1000], in flight [64], 64 requests of 16 " \
+           "tokens, reload every 1.0 s" in section
+    assert "- torch_native: failed: RuntimeError: server exited\n" in section and "- csgmv: failed: TimeoutError: no answer" in section
+    assert "- intel_xpu: 1000 adapters against 8: C = 64: TTFT p50 1.2x, tokens/s 0.8x; sampled outputs equal to " \
+           "transformers + PEFT: 4/4" in section
+    assert "- triton: 1000 adapters against 8: C = 64: TTFT p50 2.5x, tokens/s 0.8x; sampled outputs equal to " \
+           "transformers + PEFT: 2/4" in section
+    # backend, adapters, slots, in flight, requests, TTFT p50, p95, / fewest K, tok/s, / fewest K, intel_xpu / best peer
+    assert "| intel_xpu | 1000 | 64 | 64 | 64 | 0.12 | 0.24 | 1.2 | 720 | 0.8 | 1.5 | 2 | 2 |" in section
+    assert "| intel_xpu | 8 | 64 | 64 | 64 | 0.1 | 0.2 | 1 | 900 | 1 | 1.5 | 2 | 2 |" in section
+    assert "| triton | 1000 | 64 | 64 | 64 | 0.5 | 1 | 2.5 | 480 | 0.8 |  | 2 | 1 |" in section
+    assert "<summary>scale-xpu.json</summary>" in report
