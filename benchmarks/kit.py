@@ -609,8 +609,8 @@ def scale_section(report: Optional[dict], step: Optional[Step]) -> list[str]:
         most = max(r["adapters"] for r in mine)
         ratios = [r for r in mine if r["adapters"] == most and "ttft_vs_fewest" in r]
         checked, exact = sum(r.get("checked", 0) for r in mine), sum(r.get("exact", 0) for r in mine)
-        summary = "; ".join(f"C = {r['in_flight']}: TTFT p50 {r['ttft_vs_fewest']:.3g}x, tokens/s {r.get('tok_s_vs_fewest', float('nan')):.3g}x"
-                            for r in ratios)
+        summary = "; ".join(f"C = {r['in_flight']}: TTFT p50 {r['ttft_vs_fewest']:.3g}x, "
+                            f"tokens/s {r.get('tok_s_vs_fewest', float('nan')):.3g}x" for r in ratios)
         lines.append(f"- {backend}: {most} adapters against {min(r['adapters'] for r in mine)}: {summary or 'one K only'}; "
                      f"sampled outputs equal to transformers + PEFT: {exact}/{checked}")
     return lines + ["", *_table(rows, [

@@ -257,7 +257,8 @@ elif step == "scale":
     assert Path(value("--artifacts")).name == "scale-artifacts" and value("--device") == "xpu"
     row = lambda backend, k, ttft, tok_s: dict(backend=backend, adapters=k, slots=64, in_flight=64, requests=64, ttft_p50_s=ttft,
                                                ttft_p95_s=2 * ttft, tok_s=tok_s, checked=2, exact=2 if backend == "intel_xpu" else 1)
-    rows = [row("intel_xpu", 8, 0.1, 900.0), row("intel_xpu", 1000, 0.12, 720.0), row("triton", 8, 0.2, 600.0), row("triton", 1000, 0.5, 480.0)]
+    rows = [row("intel_xpu", 8, 0.1, 900.0), row("intel_xpu", 1000, 0.12, 720.0), row("triton", 8, 0.2, 600.0),
+            row("triton", 1000, 0.5, 480.0)]
     settings = dict(backends=["intel_xpu", "torch_native", "triton", "csgmv"], slots=64, adapters=[8, 1000], in_flight=[64], requests=64,
                     new_tokens=16, churn=1.0)
     failed = dict(torch_native="RuntimeError: server exited\nmore", csgmv="TimeoutError: no answer")
