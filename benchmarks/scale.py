@@ -226,12 +226,14 @@ def run_workload(
 
 
 def device_free_bytes(device: str) -> Optional[int]:
-    """Free memory of the GPU (``cuda`` / ``xpu``), device-wide; None on CPU."""
+    """Free memory of the GPU (``cuda`` / ``xpu``), device-wide; None on CPU, or where this torch
+    cannot tell (a ``torch.xpu`` without ``mem_get_info``: no device memory per adapter then)."""
     if device == "cpu":
         return None
     import torch
 
-    return getattr(torch, device).mem_get_info()[0]
+    mem_get_info = getattr(getattr(torch, device), "mem_get_info", None)
+    return None if mem_get_info is None else mem_get_info()[0]
 
 
 def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[dict]:
@@ -269,7 +271,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
             extra = loaded - 1
             rss_growth += serving.process_group_rss(server.pid) - rss_before  # the loads', not the workloads'
             free = device_free_bytes(args.device)
-            if free is not None:
+            if free is not None and free_before is not None:
                 device_growth += free_before - free
             if k == min(args.adapters):  # warm-up, untimed: the largest C over the first K's adapters
                 busiest = max(args.in_flight)
