@@ -12,7 +12,6 @@ import types
 
 import pytest
 import torch
-from sglang.srt.lora.utils import LoRABatchInfo
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lora_helpers import forward_batch, lora_reference, pool_weights
@@ -66,16 +65,19 @@ def run_modules(backend, x, seed=0, weights=None):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts of SGLang's Triton kernels called through the provider."""
-    from sglang_xpu_lora.providers import triton_ops
+    """Counts of SGLang's Triton kernels launched through the provider (each through its
+    ``CompiledLaunches``), by the kernel's name in ``triton_launch._kernels()``."""
+    from sglang_xpu_lora.providers import triton_launch
 
-    kernels, calls = triton_ops._kernels(), {}
-    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b"):
-        def counted(*args, _name=name, _fn=getattr(kernels, name), **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _fn(*args, **kwargs)
+    names = {id(kernel): name for name, kernel in vars(triton_launch._kernels()).items()}
+    calls, launch = {}, triton_launch.CompiledLaunches.launch
 
-        monkeypatch.setattr(kernels, name, counted)
+    def counted(self, key, grid, args):
+        name = names[id(self.kernel)]
+        calls[name] = calls.get(name, 0) + 1
+        return launch(self, key, grid, args)
+
+    monkeypatch.setattr(triton_launch.CompiledLaunches, "launch", counted)
     return calls
 
 
@@ -91,7 +93,7 @@ def run_exact_decode(backend, kernel_calls, slots=(1,) * 17 + (2, 0, 2)) -> dict
     return dict(kernel_calls)
 
 
-DENSE = {"sgemm_lora_a": 3, "qkv_lora_b": 1, "gate_up_lora_b": 1, "sgemm_lora_b": 1}
+DENSE = {"shrink": 3, "expand_bands": 1, "expand_two": 1, "expand_one": 1}
 
 
 def test_eager_decode_is_exact(triton_backend, kernel_calls):
@@ -168,24 +170,24 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend.routes.kept_uniform_offsets
 
 
-class KernelCalls(TorchDispatchMode):
-    """Records SGLang's Triton kernel calls (name, positional argument types, keyword names) and
-    every aten op run outside them (tensors made or touched by the backend's own per-call code)."""
+class KernelLaunches(TorchDispatchMode):
+    """Records the Triton kernels launched in the interpreter (name, grid as three integers,
+    arguments), whoever launches them, and every aten op run outside them."""
 
     def __init__(self):
         super().__init__()
-        self.calls, self.own_ops, self._in_kernel = [], [], False
+        self.launches, self.own_ops, self._in_kernel = [], [], False
 
-    def wrap(self, fn):
-        def kernel(*args, **kwargs):
-            self.calls.append((fn.__name__, args, tuple(sorted(kwargs))))
+    def wrap(self, run):
+        def launched(kernel, *args, grid, warmup, **kwargs):
+            self.launches.append((kernel.fn.__name__, (*grid, 1, 1)[:3], args))
             self._in_kernel = True
             try:
-                return fn(*args, **kwargs)
+                return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
             finally:
                 self._in_kernel = False
 
-        return kernel
+        return launched
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         if not self._in_kernel:
@@ -193,20 +195,19 @@ class KernelCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_no_tensors(triton_backend, monkeypatch):
+def test_triton_routes_launch_sglang_kernels_as_its_triton_backend_does_and_make_no_other_tensors(triton_backend, monkeypatch):
     """Eager decode on the Triton provider: after the first layer (which binds the batch's ops),
-    every run_* call is SGLang's kernel called with the prepared batch info, positionally, the same
-    calls TritonLoRABackend makes for the same layer; no aten op runs outside the kernels (no index
-    slicing, offsets or copies per call); the outputs match the float64 reference."""
+    every run_* call launches SGLang's kernel with the grid and arguments SGLang's wrapper gives it
+    for TritonLoRABackend on the same layer, the prepared batch info's tensors among them; no aten
+    op runs outside the kernels but the allocation of their outputs (no index slicing, offsets or
+    copies per call); the outputs match the float64 reference."""
     from sglang.srt.lora.backend import triton_backend as sglang_triton
+    from triton.runtime.interpreter import InterpretedFunction
 
     from sglang_xpu_lora.providers import triton_ops
 
-    kernels, recorder = triton_ops._kernels(), KernelCalls()
-    for name in ("sgemm_lora_a", "qkv_lora_b", "gate_up_lora_b", "sgemm_lora_b"):
-        monkeypatch.setattr(kernels, name, recorder.wrap(getattr(kernels, name)))
-    for name in ("sgemm_lora_a_fwd", "qkv_lora_b_fwd", "gate_up_lora_b_fwd", "sgemm_lora_b_fwd"):
-        monkeypatch.setattr(sglang_triton, name, recorder.wrap(getattr(sglang_triton, name)))
+    recorder = KernelLaunches()
+    monkeypatch.setattr(InterpretedFunction, "run", recorder.wrap(InterpretedFunction.run))
     binds = []
     bind = triton_ops.bind
     monkeypatch.setattr(triton_ops, "bind", lambda op, info: binds.append(op) or bind(op, info))
@@ -220,19 +221,25 @@ def test_triton_routes_call_sglang_kernels_as_its_triton_backend_does_and_make_n
     weights = module_weights()
     run_modules(backend, x, weights=weights)  # the first layer binds the batch's ops
     bound = len(binds)
-    recorder.calls.clear()
+    recorder.launches.clear()
     with recorder:
         outputs = run_modules(backend, x, weights=weights)
-    ours, recorder.calls = recorder.calls, []
+    ours, own_ops = recorder.launches, recorder.own_ops
     assert len(binds) == bound  # nothing bound per call
-    assert recorder.own_ops == []
+    # per module the shrink's output and the expand's (no base output given), as SGLang's wrappers make them
+    assert own_ops == [torch.ops.aten.empty.memory_format, torch.ops.aten.zeros.default] * len(MODULES)
+    recorder.launches = []
     run_modules(peer, x, weights=weights)
-    expected = recorder.calls
+    expected = recorder.launches
 
-    def shape(calls):
-        return [(name, [type(a) if not isinstance(a, LoRABatchInfo) else "info" for a in args], kw) for name, args, kw in calls]
+    def described(a):  # integer dtypes aside: the backend makes lora_ranks int32, SGLang's eager batches int64
+        return (a.shape, a.stride(), a.dtype if a.is_floating_point() else "int") if isinstance(a, torch.Tensor) else a
+
+    def shape(launches):
+        return [(name, grid, [described(a) for a in args]) for name, grid, args in launches]
 
     assert shape(ours) == shape(expected) and len(ours) == 2 * len(MODULES)
-    assert all(any(a is backend._sgemm_info() for a in args) for _, args, _ in ours)
+    info = backend._sgemm_info()
+    assert all(any(a is info.seg_indptr for a in args) and any(a is info.permutation for a in args) for _, _, args in ours)
     for out, a, b, bands in outputs:
         torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)

@@ -5,7 +5,6 @@ version is reported by name."""
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys
@@ -23,18 +22,19 @@ def test_pinned_sglang_passes_every_check():
 
 
 def test_the_triton_providers_kernels_are_guarded():
-    """Every SGLang function the triton provider calls is a compat target, so a moved or changed
-    kernel is named at plugin load instead of failing at the first forward."""
-    from sglang_xpu_lora.providers import triton_ops
+    """Every SGLang function the triton provider calls or launches is a compat target, so a moved or
+    changed kernel is named at plugin load instead of failing at the first forward: the embedding
+    wrapper with the parameters passed to it, the kernels launched from compiled handles with
+    their argument lists, the wrappers whose tiles those launches repeat with their tiles."""
+    from sglang_xpu_lora.providers import triton_launch, triton_ops
 
     guarded = [compat.resolve(target) for target in targets.ALL]
-    called = vars(triton_ops._kernels()).values()
-    assert called and all(any(kernel is g for g in guarded) for kernel in called)
-    assert all(target in targets.ALL and target in targets.REQUIRED_PARAMETERS for target in (
-        targets.TRITON_EMBEDDING_LORA_A, targets.TRITON_SGEMM_LORA_A, targets.TRITON_SGEMM_LORA_B,
-        targets.TRITON_QKV_LORA_B, targets.TRITON_GATE_UP_LORA_B,
-    ))
-    assert "n_slices" in inspect.signature(compat.resolve(targets.TRITON_QKV_LORA_B)).parameters
+    called = [triton_ops._embedding_lora_a(), *vars(triton_launch._kernels()).values()]
+    assert len(called) == 5 and all(any(kernel is g for g in guarded) for kernel in called)
+    assert targets.TRITON_EMBEDDING_LORA_A in targets.REQUIRED_PARAMETERS
+    assert len(targets.REQUIRED_KERNEL_ARGUMENTS) == 4 and all(target in targets.ALL for target in targets.REQUIRED_KERNEL_ARGUMENTS)
+    anchored = {target for target, _, _ in targets.REQUIRED_SOURCE}
+    assert {targets.TRITON_SGEMM_LORA_A, targets.TRITON_SGEMM_LORA_B, targets.TRITON_QKV_LORA_B, targets.TRITON_GATE_UP_LORA_B} <= anchored
 
 
 def test_moved_symbol_is_named(monkeypatch):

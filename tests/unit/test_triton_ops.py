@@ -19,6 +19,7 @@ bf16 path is compared on a GPU by ``benchmarks/ops.py`` (``intel_xpu`` against `
 from __future__ import annotations
 
 import itertools
+import types
 import random
 
 import pytest
@@ -169,3 +170,94 @@ def test_embedding_lora_a(tails, dtype):
         lora_ranks=real, batch_info=info,
     )
     assert_close(out, ref_embedding(ids, reference_weights, vocab, seg_indptr, weight_indices, real), dtype)
+
+
+# --- the bound ops: launches from compiled handles (providers/triton_launch.py) -----------------
+
+#: Bound op (or chunked-expand form), band widths, permuted batch, and the kernel it launches
+#: (``triton_launch._kernels()``'s names): every form the backend's routes bind.
+BOUND_FORMS = [
+    ("sgemm_lora_b_fwd", (20,), False, "expand_one"),
+    ("gate_up_lora_b_fwd", (12, 12), False, "expand_two"),
+    ("qkv_lora_b_fwd", (16, 8, 8), False, "expand_bands"),
+    ("chunked_sgmv_lora_expand_fwd", (12, 6), False, "expand_bands"),
+    ("chunked_expand_one_band", (20,), True, "expand_one"),
+    ("chunked_expand_two_bands", (12, 12), True, "expand_two"),
+    ("chunked_sgmv_lora_expand_fwd", (20,), True, "expand_one"),
+    ("chunked_sgmv_lora_expand_fwd", (12, 12), True, "expand_two"),
+    ("chunked_sgmv_lora_expand_fwd", (16, 8, 8), True, "expand_bands"),
+]
+
+
+def bound_arguments(op, p, mid, bands, base):
+    """The per-call arguments of ``op`` (``batch_binding.BOUND_PARAMETERS``, or a uniform-band
+    form's: those of the B op of its band count), positionally."""
+    if op in ("sgemm_lora_b_fwd", "chunked_expand_one_band"):
+        return (mid, p["b"], base)
+    if op in ("gate_up_lora_b_fwd", "chunked_expand_two_bands"):
+        return (mid, p["b"], bands[0], base)
+    if op == "qkv_lora_b_fwd":
+        return (mid, p["b"], p["offsets"], max(bands), base)
+    return (mid, p["b"], p["offsets"], max(bands), len(bands), base)
+
+
+def sglang_wrappers_output(p, bands):
+    """The layer as SGLang's ``TritonLoRABackend`` computes it: its wrappers, the B one chosen by
+    the bands as its layers choose it."""
+    from sglang_xpu_lora.upstream import targets
+    from sglang_xpu_lora.upstream.compat import resolve
+
+    sgemm_lora_a_fwd, sgemm_lora_b_fwd = resolve(targets.TRITON_SGEMM_LORA_A), resolve(targets.TRITON_SGEMM_LORA_B)
+    qkv_lora_b_fwd, gate_up_lora_b_fwd = resolve(targets.TRITON_QKV_LORA_B), resolve(targets.TRITON_GATE_UP_LORA_B)
+    info, base = p["info"], p["base"].clone()
+    mid = sgemm_lora_a_fwd(p["x"], p["a"], info, stack_num=len(bands))
+    if len(bands) == 1:
+        return sgemm_lora_b_fwd(mid, p["b"], info, base)
+    if len(bands) == 2 and bands[0] == bands[1]:
+        return gate_up_lora_b_fwd(mid, p["b"], info, bands[0], base)
+    return qkv_lora_b_fwd(mid, p["b"], info, p["offsets"], max(bands), base, n_slices=len(bands))
+
+
+@pytest.mark.parametrize("op, bands, permuted, kernel", BOUND_FORMS, ids=lambda v: str(len(v)) if isinstance(v, tuple) else str(v))
+def test_bound_ops_equal_sglang_wrappers_bit_for_bit(op, bands, permuted, kernel):
+    """Each bound form, its shrink bound too (the permuted one for a decode batch), in fp32 on a
+    batch with a rank-0 slot, empty segments and stale rank tails: the output equals SGLang's
+    wrappers' bit for bit (the same kernels, grids and arguments)."""
+    p = setup(len(bands) + 7 * permuted, torch.float32, bands, "stale", permuted=permuted)
+    shrink = triton_ops.bind("chunked_sgmv_lora_shrink_fwd" if permuted else "sgemm_lora_a_fwd", p["info"])
+    mid = shrink(p["x"], p["a"], len(bands))
+    out = triton_ops.bind(op, p["info"])(*bound_arguments(op, p, mid, bands, p["base"].clone()))
+    assert torch.equal(out, sglang_wrappers_output(p, bands))
+    assert_close(out, p["expected"], torch.float32)
+
+
+def test_bound_ops_launch_from_compiled_handles(monkeypatch):
+    """The bound ops launch through ``CompiledLaunches`` (stand-in kernels, test_triton_launch.py):
+    each form's kernel is compiled at its first launch and later launched from its compiled
+    handle, across batches of the same specialization; a B op given no base output adds into new
+    zeros, as SGLang's wrappers do."""
+    from test_triton_launch import StandInKernel
+
+    from sglang_xpu_lora.providers.triton_launch import CompiledLaunches, TritonLaunches
+
+    for op, bands, permuted, kernel in BOUND_FORMS:
+        kernels = {name: StandInKernel() for name in ("shrink", "expand_one", "expand_bands", "expand_two")}
+        launches = TritonLaunches(
+            kernels=types.SimpleNamespace(**kernels),
+            launches=lambda kernel: CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: 0),
+        )
+        monkeypatch.setattr(triton_ops, "_launches", lambda: launches)
+        p = setup(len(bands), torch.float32, bands, "zeroed", permuted=permuted)
+        for _ in range(2):  # two batches of the same specialization
+            shrink = triton_ops.bind("chunked_sgmv_lora_shrink_fwd" if permuted else "sgemm_lora_a_fwd", p["info"])
+            expand = triton_ops.bind(op, p["info"])
+            mid = shrink(p["x"], p["a"], len(bands))
+            out = expand(*bound_arguments(op, p, mid, bands, None))
+        assert out.shape == p["base"].shape and not out.any()  # stand-ins add nothing to the zeros
+        launched = {name: (len(k.compiles), len(k.launches)) for name, k in kernels.items() if k.compiles}
+        assert launched == {"shrink": (1, 1), kernel: (1, 1)}, op
+
+
+def test_an_op_that_is_not_bound_is_refused():
+    with pytest.raises(KeyError, match="embedding_lora_a_fwd is not bound"):
+        triton_ops.bind("embedding_lora_a_fwd", None)

@@ -13,7 +13,7 @@ SGLang hands every LoRA'd layer to the backend in one call, ``forward_with_base`
   the compiled kernel;
 * the **per-op tier**, described below: the layer's ``apply_lora`` calls the ``run_*`` methods,
   each routed to one op of the provider selected for it; it serves everything else (the embedding,
-  lm_head, native and portable ops).
+  lm_head, native and portable ops; its Triton ops launch as the linears above do).
 
 At TP > 1 each makes one collective of base + LoRA per row-parallel linear.
 

@@ -11,13 +11,15 @@ positionally, in the order of :data:`BOUND_PARAMETERS`; the batch's ``seg_indptr
 
 How an op is bound depends on its provider (:meth:`.base.Provider.bind_to_batch`):
 
-* SGLang's Triton kernels bind themselves: :func:`.triton_ops.bind` (positional kernel calls, as
-  ``TritonLoRABackend`` makes them; the kernels read the permutation from the batch info);
+* SGLang's Triton kernels bind themselves: :func:`.triton_ops.bind` (the launches of
+  ``TritonLoRABackend``'s kernels, from their compiled handles; the kernels read the permutation
+  from the batch info);
 * native and portable ops: :func:`bind_keywords`, around the table's keyword function.
 
 The embedding op is not bound (one call per forward; the backend calls the table entry).
-Binding reads no device memory on the host and creates no tensors. A bound Triton op calls its
-kernel and nothing else; a bound native or portable permuted op adds the ``permutation[:rows]``
+Binding reads no device memory on the host and creates no tensors. A bound Triton op launches its
+kernel and allocates what SGLang's wrapper allocates (the shrink's output; an expand's when no
+base output is given), nothing else; a bound native or portable permuted op adds the ``permutation[:rows]``
 view, made at its first use per row count and kept for the batch. The portable ops of one
 binding share a :class:`~.torch_routing.cache.RoutingCache`, made with it: the batch's routing is
 computed by the first layer and reused by the others, and it lives exactly as long as the batch's

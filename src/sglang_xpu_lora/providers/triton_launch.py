@@ -1,4 +1,4 @@
-"""The linears of eager batches on SGLang's Triton LoRA kernels, launched from their compiled handles.
+"""SGLang's legacy Triton LoRA kernels, launched from their compiled handles.
 
 Outside graphs a LoRA'd linear of a small batch costs host time, not device time: on an H200 one
 layer's four linears take 120-180 µs of base GEMMs and about 25 µs of LoRA kernels, yet 330-410 µs
@@ -7,14 +7,21 @@ SGLang's wrapper (``sgemm_lora_a_fwd`` and the B ops in ``sglang.kernels.ops.lor
 output allocation, grid) and Triton's ``JITFunction.run`` (argument binding, specialization key,
 cache lookup) took 62 µs on that machine's host, the compiled kernel's own launcher 11 µs.
 
-:class:`TritonLinearLaunches` runs one linear (the base GEMM, the shrink, the expand into the base
-output) as those wrappers do, with the same kernels and grids, and their tiles except in batches
-with long segments (:data:`LONG_SEGMENT_TILES`), from what
-``forward_with_base`` receives, and launches each kernel through :class:`CompiledLaunches`: the
-first launch of a specialization goes through Triton's ``JITFunction.run`` (which compiles and
-returns the ``CompiledKernel``), later ones call the compiled kernel's launcher with the arguments
-``JITFunction.run`` would pass it. The key that picks a compiled kernel is finer than Triton's own
-specialization: every integer argument exactly, every tensor's dtype and 16-byte alignment
+:class:`BatchLaunches` makes the launches of those wrappers for one batch, with the same kernels,
+grids and argument lists, and their tiles except in batches with long segments
+(:data:`LONG_SEGMENT_TILES`): the shrink, each expand, and the choice of the expand by the output
+slices (:meth:`BatchLaunches.expand`). Two callers bind it to a batch
+(:meth:`TritonLaunches.batch`): :class:`TritonLinearLaunches`, which runs one whole linear of an
+eager batch (the base GEMM, the shrink, the expand into the base output) from what
+``forward_with_base`` receives, and the Triton provider's batch-bound ops
+(:func:`sglang_xpu_lora.providers.triton_ops.bind`: the per-op tier, eagerly and inside graphs).
+
+Each kernel is launched through :class:`CompiledLaunches`: the first launch of a specialization
+goes through Triton's ``JITFunction.run`` (which compiles and returns the ``CompiledKernel``),
+later ones call the compiled kernel's launcher with the arguments ``JITFunction.run`` would pass
+it, on the current stream (so a launch inside a graph capture is recorded like any other; a first
+launch there compiles, as SGLang's wrappers do). The key that picks a compiled kernel is finer than
+Triton's own specialization: every integer argument exactly, every tensor's dtype and 16-byte alignment
 (what Triton specializes pointers on), the batch's ``permutation`` being None or not, so a launch
 never reaches a kernel compiled for other arguments; compiled kernels are kept per device, as
 Triton keeps them. The direct launch repeats the launcher call of the installed Triton's
@@ -190,20 +197,14 @@ class CompiledLaunches:
         )
 
 
-class TritonLinearLaunches:
-    """One LoRA'd linear of an eager batch, base GEMM plus LoRA, on SGLang's Triton kernels
-    launched from their compiled handles (module docstring).
+class TritonLaunches:
+    """SGLang's four legacy Triton LoRA kernels, each launched through its :class:`CompiledLaunches`
+    (module docstring), kept across batches; :meth:`batch` binds them to one batch.
 
-    Per batch, :meth:`begin_batch` takes SGLang's batch info of the linears (the backend's
-    ``_sgemm_info()``); :meth:`forward` then runs each linear with only its own tensors. The
-    launches are those of SGLang's ``sgemm_lora_a_fwd`` (shrink), then, by the layer's output
-    slices, ``sgemm_lora_b_fwd`` (one), ``gate_up_lora_b_fwd`` (two equal) or ``qkv_lora_b_fwd``
-    (any other), adding into the base output in place, through its strides: a layer whose LoRA
-    covers only its leading output columns (prefix partitions) gets them there, the others
-    untouched. ``kernels`` (tests): ``shrink``, ``expand_one``, ``expand_bands``, ``expand_two``
-    instead of SGLang's (:func:`_kernels`), each launched through ``launches(kernel)``. Compiled
-    kernels are kept across batches (:class:`CompiledLaunches`): the batch
-    tensors' dtypes and alignment and whether the batch is permuted are part of every key.
+    ``kernels`` (tests): ``shrink``, ``expand_one``, ``expand_bands``, ``expand_two`` instead of
+    SGLang's (:func:`_kernels`), each launched through ``launches(kernel)``. The batch tensors'
+    dtypes and alignment and whether the batch is permuted are part of every key, so a compiled
+    kernel serves every batch of its specialization.
     """
 
     def __init__(self, kernels: Optional[types.SimpleNamespace] = None, launches=CompiledLaunches):
@@ -215,27 +216,191 @@ class TritonLinearLaunches:
         self.expand_one = launches(kernels.expand_one)
         self.expand_bands = launches(kernels.expand_bands)
         self.expand_two = launches(kernels.expand_two)
-        self._batch: Optional[tuple] = None
-        self.tiles: Optional[Tiles] = None
 
-    def begin_batch(self, info: LoRABatchInfo) -> None:
-        """Take the batch: ``info`` is SGLang's ``LoRABatchInfo`` of the linears (``seg_lens``,
+    def batch(self, info: LoRABatchInfo) -> BatchLaunches:
+        """The kernels bound to the batch ``info``: SGLang's ``LoRABatchInfo`` (``seg_lens``,
         ``seg_indptr``, ``weight_indices`` ``(bs,)`` int32, ``lora_ranks`` ``(slots,)`` int32,
         ``scalings`` ``(slots,)`` float32, ``permutation`` ``(tokens,)`` int or None, host ``bs``
-        and ``max_len``)."""
+        and ``max_len``), read now: the launches use its tensors and host integers as they are
+        at this call (SGLang's wrappers read them at each call; the backend binds after SGLang
+        prepared the batch, and again for every batch, graph batch infos included)."""
+        return BatchLaunches(self, info)
+
+
+class BatchLaunches:
+    """SGLang's legacy Triton LoRA kernels bound to one batch (:meth:`TritonLaunches.batch`): the
+    launches of SGLang's wrappers ``sgemm_lora_a_fwd`` (:meth:`shrink`), ``sgemm_lora_b_fwd``
+    (:meth:`expand_one`), ``gate_up_lora_b_fwd`` (:meth:`expand_two`) and ``qkv_lora_b_fwd``
+    (:meth:`expand_bands`), with their kernels, grids and argument lists, and their tiles except in
+    batches with long segments (:data:`LONG_SEGMENT_TILES`, :attr:`tiles`). :meth:`expand` chooses
+    among the expands by the output slices, the one place that choice is made.
+
+    What the wrappers do besides launching is not repeated: no asserts, and every tensor is read
+    through its strides. The expands add into ``output`` in place (SGLang's ``base_output``) and
+    return it, or into new zeros for None, as the wrappers do. Every method takes its arguments in
+    the wrapper's order, which is the order of the bound ops' per-call arguments
+    (:data:`.batch_binding.BOUND_PARAMETERS`): the Triton provider binds its ops to these methods
+    as they are (:func:`.triton_ops.bind`). Math: module docstring.
+    """
+
+    __slots__ = ("_launches", "_indices", "_permutation", "_sorted_by_adapter", "_scalings", "tiles", "_row_tiles",
+                 "_bs", "_specialization")
+
+    def __init__(self, launches: TritonLaunches, info: LoRABatchInfo):
         indices = (info.seg_lens, info.seg_indptr, info.weight_indices, info.lora_ranks)
         permutation, scalings = info.permutation, info.scalings
         sorted_by_adapter = permutation is not None
         tensors = (*indices, scalings, *((permutation,) if sorted_by_adapter else ()))
         #: The tiles of this batch's launches.
-        self.tiles = tiles = self.long_segment_tiles if info.max_len >= self.long_segment_rows else SGLANG_TILES
-        specialization = (sorted_by_adapter, tuple((t.dtype, _aligned(t)) for t in tensors), tiles)
-        row_tiles = triton.cdiv(info.max_len, tiles.rows)
-        self._batch = (indices, permutation, sorted_by_adapter, scalings, tiles, row_tiles, info.bs, specialization)
+        self.tiles = tiles = launches.long_segment_tiles if info.max_len >= launches.long_segment_rows else SGLANG_TILES
+        self._launches, self._indices, self._permutation = launches, indices, permutation
+        self._sorted_by_adapter, self._scalings, self._bs = sorted_by_adapter, scalings, info.bs
+        self._row_tiles = triton.cdiv(info.max_len, tiles.rows)
+        self._specialization = (sorted_by_adapter, tuple((t.dtype, _aligned(t)) for t in tensors), tiles)
+
+    def shrink(self, x: torch.Tensor, lora_a: torch.Tensor, num_slices: int) -> torch.Tensor:
+        """SGLang's ``sgemm_lora_a_fwd``: ``x @ A[w, :num_slices * r].T`` per row.
+
+        x: ``(tokens, K)``; lora_a: ``(slots, num_slices * max_rank, K)``, x's dtype.
+        Returns ``(tokens, num_slices * max_rank)``, x's dtype, packed (slice ``p`` at columns
+        ``[p r, (p + 1) r)``), written only for rows of slots of non-zero rank and up to
+        ``num_slices * r`` columns; the rest uninitialised (the expands here do not read it).
+        """
+        tiles, stacked = self.tiles, lora_a.shape[-2]
+        shrunk = torch.empty((x.shape[0], stacked), device=x.device, dtype=x.dtype)
+        block_n, block_k = tiles.shrink
+        ints = (stacked, lora_a.shape[-1], num_slices, *x.stride(), *lora_a.stride(), *shrunk.stride())
+        self._launches.shrink.launch(
+            (x.dtype, lora_a.dtype, _aligned(x), _aligned(lora_a), ints, self._specialization),
+            (self._row_tiles * triton.cdiv(stacked, block_n), self._bs, 1),
+            (x, lora_a, shrunk, *ints, *self._indices, self._permutation, self._sorted_by_adapter, tiles.rows, block_n,
+             block_k),
+        )
+        return shrunk
+
+    def expand(
+        self, shrunk: torch.Tensor, lora_b: torch.Tensor, output_offset: torch.Tensor, max_slice: int, num_slices: int,
+        output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The expand of ``num_slices`` output slices, chosen by them: one slice :meth:`expand_one`,
+        two of ``max_slice`` columns each :meth:`expand_two`, any other :meth:`expand_bands`
+        (reading ``output_offset``), as SGLang's layers choose among its wrappers.
+
+        lora_b: ``(slots, N, max_rank)``, N the slices' widths summed; output_offset:
+        ``(num_slices + 1,)`` int32 slice bounds on the device; max_slice: the widest slice. Other
+        arguments and the result: :meth:`expand_bands`.
+        """
+        if num_slices == 1:
+            return self.expand_one(shrunk, lora_b, output)
+        if num_slices == 2 and 2 * max_slice == lora_b.shape[-2]:
+            return self.expand_two(shrunk, lora_b, max_slice, output)
+        return self.expand_bands(shrunk, lora_b, output_offset, max_slice, output, num_slices)
+
+    def _expand_common(self, shrunk: torch.Tensor, lora_b: torch.Tensor, output: torch.Tensor) -> tuple:
+        """The strides of an expand's tensors and the part of its key they share."""
+        strides = (*shrunk.stride(), *lora_b.stride(), *output.stride())
+        return strides, (shrunk.dtype, lora_b.dtype, output.dtype, _aligned(shrunk), _aligned(lora_b), _aligned(output),
+                         self._specialization)
+
+    def expand_one(self, shrunk: torch.Tensor, lora_b: torch.Tensor, output: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """SGLang's ``sgemm_lora_b_fwd``: ``output[:, :N] += scalings[w] * shrunk[:, :r] @ B[w, :, :r].T``
+        per row.
+
+        shrunk: ``(tokens, >= r)``; lora_b: ``(slots, N, max_rank)``; output: ``(tokens, >= N)`` (its
+        leading N columns), shrunk's dtype, or None for a new zero ``(tokens, N)``. Returns ``output``.
+        """
+        if output is None:
+            output = torch.zeros((shrunk.shape[0], lora_b.shape[-2]), device=shrunk.device, dtype=shrunk.dtype)
+        strides, common = self._expand_common(shrunk, lora_b, output)
+        out_dim, tiles = lora_b.shape[-2], self.tiles
+        block_n, block_k = tiles.expand_one
+        ints = (out_dim, lora_b.shape[-1], *strides)
+        self._launches.expand_one.launch(
+            (ints, common), (self._row_tiles * triton.cdiv(out_dim, block_n), self._bs, 1),
+            (shrunk, lora_b, output, *ints, *self._indices, self._permutation, self._sorted_by_adapter, tiles.rows,
+             block_n, block_k, self._scalings),
+        )
+        return output
+
+    def expand_two(
+        self, shrunk: torch.Tensor, lora_b: torch.Tensor, slice_size: int, output: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """SGLang's ``gate_up_lora_b_fwd``: two slices of ``slice_size`` columns, slice ``p`` reading
+        ``shrunk[:, p r : (p + 1) r]``.
+
+        shrunk: ``(tokens, >= 2 r)``; lora_b: ``(slots, 2 * slice_size, max_rank)``; output:
+        ``(tokens, >= 2 * slice_size)``, shrunk's dtype, or None for a new zero one. Returns ``output``.
+        """
+        if output is None:
+            output = torch.zeros((shrunk.shape[0], 2 * slice_size), device=shrunk.device, dtype=shrunk.dtype)
+        strides, common = self._expand_common(shrunk, lora_b, output)
+        tiles = self.tiles
+        block_n, block_k = tiles.expand_bands
+        ints = (lora_b.shape[-1], slice_size, *strides)
+        self._launches.expand_two.launch(
+            (ints, common), (self._row_tiles * triton.cdiv(slice_size, block_n), 2, self._bs),
+            (shrunk, lora_b, output, *ints, *self._indices, self._permutation, self._sorted_by_adapter, tiles.rows,
+             block_n, block_k, self._scalings),
+        )
+        return output
+
+    def expand_bands(
+        self, shrunk: torch.Tensor, lora_b: torch.Tensor, output_offset: torch.Tensor, max_slice: int,
+        output: Optional[torch.Tensor] = None, num_slices: int = 3,
+    ) -> torch.Tensor:
+        """SGLang's ``qkv_lora_b_fwd`` (``num_slices`` 3 by default, as there): slices of any widths,
+        slice ``p`` at output columns ``[output_offset[p], output_offset[p + 1])``, reading
+        ``shrunk[:, p r : (p + 1) r]``.
+
+        shrunk: ``(tokens, >= num_slices * r)``; lora_b: ``(slots, output_offset[-1], max_rank)``;
+        output_offset: ``(num_slices + 1,)`` int32 on the device (its dtype is part of the key: Triton
+        specializes the pointer on it); max_slice: the widest slice; output:
+        ``(tokens, >= output_offset[-1])``, shrunk's dtype, or None for a new zero
+        ``(tokens, lora_b.shape[-2])``. Returns ``output``.
+        """
+        if output is None:
+            output = torch.zeros((shrunk.shape[0], lora_b.shape[-2]), device=shrunk.device, dtype=shrunk.dtype)
+        strides, common = self._expand_common(shrunk, lora_b, output)
+        tiles = self.tiles
+        block_n, block_k = tiles.expand_bands
+        ints = (lora_b.shape[-1], max_slice, *strides)
+        self._launches.expand_bands.launch(
+            (ints, common, output_offset.dtype, _aligned(output_offset)),
+            (self._row_tiles * triton.cdiv(max_slice, block_n), num_slices, self._bs),
+            (shrunk, lora_b, output, *ints, *self._indices, output_offset, self._permutation, self._sorted_by_adapter,
+             tiles.rows, block_n, block_k, self._scalings),
+        )
+        return output
+
+
+class TritonLinearLaunches(TritonLaunches):
+    """One LoRA'd linear of an eager batch, base GEMM plus LoRA, on SGLang's Triton kernels
+    launched from their compiled handles (module docstring).
+
+    Per batch, :meth:`begin_batch` takes SGLang's batch info of the linears (the backend's
+    ``_sgemm_info()``); :meth:`forward` then runs each linear with only its own tensors: the
+    base GEMM, :meth:`BatchLaunches.shrink`, then :meth:`BatchLaunches.expand` by the layer's output
+    slices, adding into the base output in place, through its strides: a layer whose LoRA covers
+    only its leading output columns (prefix partitions) gets them there, the others untouched.
+    Arguments: :class:`TritonLaunches`.
+    """
+
+    def __init__(self, kernels: Optional[types.SimpleNamespace] = None, launches=CompiledLaunches):
+        super().__init__(kernels, launches)
+        self._batch: Optional[BatchLaunches] = None
+
+    @property
+    def tiles(self) -> Optional[Tiles]:
+        """The tiles of the current batch's launches (None without a batch)."""
+        return None if self._batch is None else self._batch.tiles
+
+    def begin_batch(self, info: LoRABatchInfo) -> None:
+        """Take the batch ``info`` (:meth:`TritonLaunches.batch`)."""
+        self._batch = self.batch(info)
 
     def end_batch(self) -> None:
         """Forget the batch (SGLang's idle-forward reset)."""
-        self._batch = self.tiles = None
+        self._batch = None
 
     def forward(
         self, x: torch.Tensor, base_fn: Callable[[], torch.Tensor], lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -256,45 +421,8 @@ class TritonLinearLaunches:
         batch = self._batch
         if batch is None:
             raise RuntimeError("a LoRA linear ran with no prepared batch (prepare_lora_batch was not called)")
-        indices, permutation, sorted_by_adapter, scalings, tiles, row_tiles, bs, specialization = batch
         output = base_fn()
-        max_rank, slices = lora_b.shape[-1], len(offsets) - 1
-        stacked = lora_a.shape[-2]
-        shrunk = torch.empty((x.shape[0], stacked), device=x.device, dtype=x.dtype)
-        block_n, block_k = tiles.shrink
-        ints = (stacked, lora_a.shape[-1], slices, *x.stride(), *lora_a.stride(), *shrunk.stride())
-        self.shrink.launch(
-            (x.dtype, lora_a.dtype, _aligned(x), _aligned(lora_a), ints, specialization),
-            (row_tiles * triton.cdiv(stacked, block_n), bs, 1),
-            (x, lora_a, shrunk, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n, block_k),
-        )
-        strides = (*shrunk.stride(), *lora_b.stride(), *output.stride())
-        common = (x.dtype, lora_b.dtype, output.dtype, _aligned(shrunk), _aligned(lora_b), _aligned(output), specialization)
-        if slices == 1:
-            out_dim = lora_b.shape[-2]
-            block_n, block_k = tiles.expand_one
-            ints = (out_dim, max_rank, *strides)
-            self.expand_one.launch(
-                (ints, common), (row_tiles * triton.cdiv(out_dim, block_n), bs, 1),
-                (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n, block_k,
-                 scalings),
-            )
-        else:
-            widths = [offsets[p + 1] - offsets[p] for p in range(slices)]
-            widest = max(widths)
-            block_n, block_k = tiles.expand_bands
-            grid = (row_tiles * triton.cdiv(widest, block_n), slices, bs)
-            ints = (max_rank, widest, *strides)
-            if slices == 2 and widths[0] == widths[1]:
-                self.expand_two.launch(
-                    (ints, common), grid,
-                    (shrunk, lora_b, output, *ints, *indices, permutation, sorted_by_adapter, tiles.rows, block_n,
-                     block_k, scalings),
-                )
-            else:
-                self.expand_bands.launch(
-                    (ints, common, output_offset.dtype, _aligned(output_offset)), grid,
-                    (shrunk, lora_b, output, *ints, *indices, output_offset, permutation, sorted_by_adapter, tiles.rows,
-                     block_n, block_k, scalings),
-                )
+        slices = len(offsets) - 1
+        widest = offsets[1] if slices == 1 else max(offsets[p + 1] - offsets[p] for p in range(slices))
+        batch.expand(batch.shrink(x, lora_a, slices), lora_b, output_offset, widest, slices, output)
         return output if all_reduce is None else all_reduce(output)

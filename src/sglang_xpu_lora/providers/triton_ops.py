@@ -1,26 +1,31 @@
-"""Triton provider: SGLang's own Triton LoRA kernels (``sglang.kernels.ops.lora.dense``), called the
-way SGLang's ``TritonLoRABackend.run_*`` methods call them, behind the seven-op interface.
+"""Triton provider: SGLang's own Triton LoRA kernels (``sglang.kernels.ops.lora.dense``), launched
+as SGLang's ``TritonLoRABackend.run_*`` methods launch them through their wrappers, behind the
+seven-op interface.
 
 The kernels take SGLang's ``LoRABatchInfo`` rather than loose index tensors: besides
 ``seg_indptr``, ``weight_indices``, ``lora_ranks``, ``scalings`` and ``permutation`` they need the
-host-side launch bounds ``bs`` and ``max_len``, ``seg_lens`` and ``use_cuda_graph``. Every op here
-therefore takes the interface's arguments plus the keyword ``batch_info`` and reads the batch from
-it alone; the loose index arguments are accepted so that the backend calls every provider the same
-way, and must describe the same batch: ``IntelXpuLoRABackend`` passes the batch info SGLang's
-Triton backend prepared. :func:`bind` binds an op to one batch info instead (the backend's
-per-batch routes, :mod:`.batch_binding`): per call it takes only the module's tensors and host
-integers, positionally, and calls the kernel with the batch info, positionally, as
-``TritonLoRABackend`` does; the keyword functions go through it and take their signatures from
-the interface itself (:func:`.base.signature`), so they are not written out here a second time.
+host-side launch bounds ``bs`` and ``max_len`` and ``seg_lens``. Every op here therefore takes the
+interface's arguments plus the keyword ``batch_info`` and reads the batch from it alone; the loose
+index arguments are accepted so that the backend calls every provider the same way, and must
+describe the same batch: ``IntelXpuLoRABackend`` passes the batch info SGLang's Triton backend
+prepared. :func:`bind` binds an op to one batch info instead (the backend's per-batch routes,
+:mod:`.batch_binding`): per call it takes only the module's tensors and host integers,
+positionally, and launches the kernel from its compiled handle
+(:class:`.triton_launch.BatchLaunches`, where the kernel, grid, tiles and the expand's choice by
+slices are decided, for these ops and for the eager linears alike), not through SGLang's wrapper
+and Triton's JIT dispatch; the keyword functions go through it and take their signatures from the
+interface itself (:func:`.base.signature`), so they are not written out here a second time. The
+embedding op alone calls SGLang's wrapper (``embedding_lora_a_fwd``; one call per forward).
 
 Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
 stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
 ``p * rank``: SGLang's packed layout, the pool layout of every provider (:mod:`.slice_layout`).
 
 Mapping of the interface's ops to SGLang's kernels (as in ``TritonLoRABackend``): the shrink ops
-(contiguous and permuted) both run ``sgemm_lora_a_fwd``, which follows ``batch_info.permutation``;
-``chunked_sgmv_lora_expand_fwd`` runs ``sgemm_lora_b_fwd`` for one slice, ``gate_up_lora_b_fwd`` for
-two equal slices and ``qkv_lora_b_fwd`` (any slice count, uneven bands) otherwise.
+(contiguous and permuted) both run ``sgemm_lora_a_fwd``'s kernel, which follows
+``batch_info.permutation``; ``chunked_sgmv_lora_expand_fwd`` runs ``sgemm_lora_b_fwd``'s kernel for
+one slice, ``gate_up_lora_b_fwd``'s for two equal slices and ``qkv_lora_b_fwd``'s (any slice count,
+uneven bands) otherwise (:meth:`.triton_launch.BatchLaunches.expand`).
 
 Two differences from the interface's common contract (:mod:`.base`), both SGLang's kernels' own:
 
@@ -32,7 +37,9 @@ Two differences from the interface's common contract (:mod:`.base`), both SGLang
 
 Capture safety: the kernels read ranks, segments and permutation from device memory and launch
 grids from host integers that the graph batch infos keep fixed, so they can be captured in CUDA and
-XPU graphs (SGLang captures them in its ``triton`` backend).
+XPU graphs (SGLang captures them in its ``triton`` backend). A launch from a compiled handle goes to
+the current stream, so a capture records it like any launch; the first launch of a specialization
+compiles, inside a capture too, as SGLang's wrappers do.
 
 Where they run (:func:`triton_support`): on a GPU with an active Triton backend for it; on CPU only
 in Triton's interpreter, which only ``SGLANG_XPU_LORA_KERNELS=triton`` uses (tests): ``auto`` and
@@ -45,8 +52,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import types
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import torch
 
@@ -57,6 +63,11 @@ from sglang_xpu_lora.providers.batch_binding import BOUND_PARAMETERS
 from sglang_xpu_lora.settings import KERNELS_ENV
 from sglang_xpu_lora.upstream import targets
 from sglang_xpu_lora.upstream.compat import resolve
+
+if TYPE_CHECKING:
+    from sglang.srt.lora.utils import LoRABatchInfo
+
+    from sglang_xpu_lora.providers.triton_launch import TritonLaunches
 
 #: Triton backends that serve each device type.
 TRITON_BACKENDS = {"cuda": ("nvidia", "amd"), "xpu": ("intel",)}
@@ -90,76 +101,60 @@ def triton_support(device: Device) -> tuple[bool, str]:
 
 
 @functools.cache
-def _kernels() -> types.SimpleNamespace:
-    """SGLang's kernel functions, resolved on first use through the compat targets (which
+def _embedding_lora_a() -> Callable[..., torch.Tensor]:
+    """SGLang's ``embedding_lora_a_fwd``, resolved on first use through its compat target (which
     :func:`sglang_xpu_lora.upstream.compat.check_host` checks, parameters included)."""
-    return types.SimpleNamespace(
-        embedding_lora_a=resolve(targets.TRITON_EMBEDDING_LORA_A),
-        sgemm_lora_a=resolve(targets.TRITON_SGEMM_LORA_A),
-        sgemm_lora_b=resolve(targets.TRITON_SGEMM_LORA_B),
-        qkv_lora_b=resolve(targets.TRITON_QKV_LORA_B),
-        gate_up_lora_b=resolve(targets.TRITON_GATE_UP_LORA_B),
-    )
+    return resolve(targets.TRITON_EMBEDDING_LORA_A)
 
 
-def bind(op: str, batch_info) -> Callable[..., torch.Tensor]:
+@functools.cache
+def _launches() -> TritonLaunches:
+    """The launches of SGLang's legacy Triton kernels that the bound ops make
+    (:class:`.triton_launch.TritonLaunches`), made at the first binding and kept for the process:
+    what they keep is compiled kernels, per kernel, specialization and device, as Triton's own
+    ``JITFunction`` caches are kept; nothing of a batch (each binding has its own
+    :class:`.triton_launch.BatchLaunches`)."""
+    from sglang_xpu_lora.providers.triton_launch import TritonLaunches  # imports Triton (triton_support's check)
+
+    return TritonLaunches()
+
+
+def bind(op: str, batch_info: LoRABatchInfo) -> Callable[..., torch.Tensor]:
     """Op ``op`` bound to one batch: a callable that takes the per-call arguments of
     :data:`.batch_binding.BOUND_PARAMETERS` ``[op]`` (or of a chunked-expand form of
-    :data:`.batch_binding.UNIFORM_BAND_FORMS`) positionally and calls SGLang's kernel with
-    ``batch_info`` (SGLang's ``LoRABatchInfo``) positionally, as ``TritonLoRABackend`` calls it.
+    :data:`.batch_binding.UNIFORM_BAND_FORMS`) positionally and launches SGLang's kernel as its
+    wrapper would (the same kernel, grid and arguments; tiles: :mod:`.triton_launch`), from the
+    kernel's compiled handle after its first launch.
 
-    The kernel function is looked up here, once per batch. The chunked expand chooses its kernel
-    from host integers only, per call: ``sgemm_lora_b_fwd`` for one band, ``gate_up_lora_b_fwd``
-    for two bands of ``max_slice_size`` each, ``qkv_lora_b_fwd`` for any other bands.
+    The op is a method of the batch's :class:`.triton_launch.BatchLaunches` (bound to
+    ``batch_info``, SGLang's ``LoRABatchInfo``, here: its tensors and host integers are read now),
+    which takes those arguments in that order: the shrinks (the permuted one too: the kernel reads
+    rows through ``batch_info.permutation``) ``shrink``; ``sgemm_lora_b_fwd`` and the one-band
+    form ``expand_one``; ``gate_up_lora_b_fwd`` and the two-band form ``expand_two``;
+    ``qkv_lora_b_fwd`` ``expand_bands`` (three bands); the chunked expand ``expand``, which
+    chooses among those three by its bands per call (host integers only).
 
     Raises:
         KeyError: for an op that is not bound (``embedding_lora_a_fwd``) or unknown.
     """
-    kernels = _kernels()
-    if op in ("sgemm_lora_a_fwd", "chunked_sgmv_lora_shrink_fwd"):
-        # the permuted shrink too: sgemm_lora_a_fwd reads rows through batch_info.permutation
-        sgemm_lora_a = kernels.sgemm_lora_a
+    try:
+        method = _BOUND_METHODS[op]
+    except KeyError:
+        raise KeyError(f"{op} is not bound to a batch (the bound ops: batch_binding.BOUND_PARAMETERS)") from None
+    return getattr(_launches().batch(batch_info), method)
 
-        def shrink(input_x, weights, num_slices):
-            return sgemm_lora_a(input_x, weights, batch_info, stack_num=num_slices)
 
-        return shrink
-    # the chunked expand's uniform-band forms (batch_binding.UNIFORM_BAND_FORMS) are the kernels
-    # its bands choose: the B kernels follow batch_info.permutation as the A kernel does
-    if op in ("sgemm_lora_b_fwd", "chunked_expand_one_band"):
-        sgemm_lora_b = kernels.sgemm_lora_b
-
-        def expand(input_x, weights, base_output):
-            return sgemm_lora_b(input_x, weights, batch_info, base_output)
-
-        return expand
-    if op == "qkv_lora_b_fwd":
-        qkv_lora_b = kernels.qkv_lora_b
-
-        def expand_qkv(input_x, weights, output_offset, max_qkv_out_dim, base_output):
-            return qkv_lora_b(input_x, weights, batch_info, output_offset, max_qkv_out_dim, base_output)
-
-        return expand_qkv
-    if op in ("gate_up_lora_b_fwd", "chunked_expand_two_bands"):
-        gate_up_lora_b = kernels.gate_up_lora_b
-
-        def expand_gate_up(input_x, weights, output_dim, base_output):
-            return gate_up_lora_b(input_x, weights, batch_info, output_dim, base_output)
-
-        return expand_gate_up
-    if op == "chunked_sgmv_lora_expand_fwd":
-        sgemm_lora_b, gate_up_lora_b, qkv_lora_b = kernels.sgemm_lora_b, kernels.gate_up_lora_b, kernels.qkv_lora_b
-
-        def expand_slices(input_x, weights, slice_offsets, max_slice_size, num_slices, base_output):
-            if num_slices == 1:
-                return sgemm_lora_b(input_x, weights, batch_info, base_output)
-            if num_slices == 2 and 2 * max_slice_size == weights.shape[1]:
-                return gate_up_lora_b(input_x, weights, batch_info, max_slice_size, base_output)
-            return qkv_lora_b(input_x, weights, batch_info, slice_offsets, max_slice_size, base_output, n_slices=num_slices)
-
-        return expand_slices
-    raise KeyError(f"{op} is not bound to a batch (the bound ops: batch_binding.BOUND_PARAMETERS)")
-
+#: The :class:`.triton_launch.BatchLaunches` method of each bound op and chunked-expand form.
+_BOUND_METHODS = {
+    "sgemm_lora_a_fwd": "shrink",
+    "chunked_sgmv_lora_shrink_fwd": "shrink",
+    "sgemm_lora_b_fwd": "expand_one",
+    "chunked_expand_one_band": "expand_one",
+    "gate_up_lora_b_fwd": "expand_two",
+    "chunked_expand_two_bands": "expand_two",
+    "qkv_lora_b_fwd": "expand_bands",
+    "chunked_sgmv_lora_expand_fwd": "expand",
+}
 
 
 # --- the interface's keyword signatures (op tables, tests): each call binds its op -------------
@@ -185,7 +180,7 @@ def _keyword_op(op: str) -> Callable[..., torch.Tensor]:
         arguments.apply_defaults()
         given = arguments.arguments
         if op == "embedding_lora_a_fwd":  # one call per forward, not bound to the batch
-            return _kernels().embedding_lora_a(
+            return _embedding_lora_a()(
                 input_ids=given["input_ids"], weights=given["weights"], batch_info=given["batch_info"],
                 vocab_size=given["vocab_size"], extra_embeddings=given["extra_embeddings"],
             )

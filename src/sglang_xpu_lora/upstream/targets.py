@@ -96,15 +96,17 @@ TRITON_SGEMM_INFO = TRITON_BACKEND + "._sgemm_info"
 TRITON_INIT_PREFILL_GRAPH_INFO = TRITON_BACKEND + ".init_prefill_cuda_graph_batch_info"
 TRITON_INIT_DECODE_GRAPH_INFO = TRITON_BACKEND + ".init_decode_cuda_graph_batch_info"
 LORA_BATCH_INFO = "sglang.srt.lora.utils.LoRABatchInfo"
-# SGLang's Triton LoRA kernels, called by the triton provider (providers/triton_ops.py); the parent
-# backend's module imports them already, so resolving them imports nothing more.
+# SGLang's Triton LoRA kernels' wrappers: the embedding's is called by the triton provider
+# (providers/triton_ops.py); the others' tiles are source anchors (REQUIRED_SOURCE), the launches
+# they make are repeated (providers/triton_launch.py). The parent backend's module imports them
+# already, so resolving them imports nothing more.
 _TRITON_DENSE = "sglang.kernels.ops.lora.dense."
 TRITON_EMBEDDING_LORA_A = _TRITON_DENSE + "embedding_lora_a.embedding_lora_a_fwd"
 TRITON_SGEMM_LORA_A = _TRITON_DENSE + "sgemm_lora_a.sgemm_lora_a_fwd"
 TRITON_SGEMM_LORA_B = _TRITON_DENSE + "sgemm_lora_b.sgemm_lora_b_fwd"
 TRITON_QKV_LORA_B = _TRITON_DENSE + "qkv_lora_b.qkv_lora_b_fwd"
 TRITON_GATE_UP_LORA_B = _TRITON_DENSE + "gate_up_lora_b.gate_up_lora_b_fwd"
-# Their triton.jit kernels, launched from compiled handles in eager batches (providers/triton_launch.py).
+# Their triton.jit kernels, launched from compiled handles (providers/triton_launch.py).
 TRITON_SGEMM_LORA_A_KERNEL = _TRITON_DENSE + "sgemm_lora_a._sgemm_lora_a_kernel"
 TRITON_SGEMM_LORA_B_KERNEL = _TRITON_DENSE + "sgemm_lora_b._sgemm_lora_b_kernel"
 TRITON_QKV_LORA_B_KERNEL = _TRITON_DENSE + "qkv_lora_b._qkv_lora_b_kernel"
@@ -175,12 +177,8 @@ REQUIRED_PARAMETERS = {
         "forward_batch", "weight_indices", "lora_ranks", "scalings", "use_cuda_graph", "use_prefill_cuda_graph"
     ),
     TRITON_SGEMM_INFO: ("pruned_batch_info",),
-    # The triton provider passes these in this order (positional up to base_output) or by name.
+    # The triton provider passes these by name.
     TRITON_EMBEDDING_LORA_A: ("input_ids", "weights", "batch_info", "vocab_size", "extra_embeddings"),
-    TRITON_SGEMM_LORA_A: ("x", "weights", "batch_info", "stack_num"),
-    TRITON_SGEMM_LORA_B: ("x", "weights", "batch_info", "base_output"),
-    TRITON_QKV_LORA_B: ("x", "qkv_lora_b", "batch_info", "output_offset", "max_qkv_out_dim", "base_output", "n_slices"),
-    TRITON_GATE_UP_LORA_B: ("x", "gate_up_lora_b", "batch_info", "output_dim", "base_output"),
     LORA_MANAGER_VALIDATE_NEW_ADAPTER: ("lora_config", "lora_ref"),
     LORA_MANAGER_LOAD_ADAPTER: ("lora_ref",),
     LORA_MANAGER_LOAD_ADAPTER_FROM_TENSORS: ("lora_ref", "tensors", "config_dict"),
@@ -346,7 +344,7 @@ REQUIRED_KERNEL_ARGUMENTS = {
 }
 
 #: Source anchors: (callable, text its source must contain, why the plugin depends on it).
-_TILES_WHY = "the eager linears launch SGLang's Triton kernels with its wrappers' tiles (providers/triton_launch.py)"
+_TILES_WHY = "the plugin launches SGLang's Triton kernels with its wrappers' tiles (providers/triton_launch.py)"
 REQUIRED_SOURCE = (
     (TRITON_SGEMM_LORA_A, "BLOCK_S = 16\n    BLOCK_K = 256\n    BLOCK_R = 16", _TILES_WHY),
     (TRITON_SGEMM_LORA_B, "BLOCK_S = 16\n    BLOCK_R = 16\n    BLOCK_N = 256", _TILES_WHY),
