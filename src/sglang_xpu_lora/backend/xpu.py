@@ -101,8 +101,9 @@ logger = logging.getLogger(__name__)
 #: Outside graphs, batches of at least this many tokens run their linears on the dense tier; smaller
 #: ones on the compiled-handle launches or the per-op tier (:meth:`IntelXpuLoRABackend.dense_serves`);
 #: ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` overrides it. On an H200 (layer benchmark, prefill,
-#: 2026-12-04) the dense tier took 0.85-0.89x the launches' layer time at 2048 tokens and rank 64,
-#: 0.98-1.09x at rank 16, and at 512 tokens 1.2-2.5x (host-bound): ``benchmarks/results/layer-cuda-runs/``.
+#: 2026-12-04) the dense tier took 0.88-0.94x the launches' layer time at 2048 tokens and rank 64,
+#: 1.00-1.09x at rank 16, and 1.2-2.5x at 512 tokens (host-bound): ``layer-cuda-prefill-dense-everywhere.json``
+#: against ``layer-cuda-prefill-triton-v2-large-run*.json`` in ``benchmarks/results/layer-cuda-runs/``.
 EAGER_DENSE_MIN_TOKENS = 2048
 
 
