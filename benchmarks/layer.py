@@ -25,10 +25,11 @@ Modes: ``graph`` (decode, each path captured in a CUDA/XPU graph, as SGLang's de
 Timing (:func:`benchmarks.common.replay_time`): device events around ``--calls`` back-to-back
 calls (graph replays, or eager layer calls), ``--rounds`` rounds, median and spread (slowest -
 fastest over the median). The paths of a point are measured in an order rotated by one per point
-(``--order-offset`` shifts it, one per run): a GPU's clocks drop under sustained load, so a path
-always measured after the others reads slower (on an H200, ``intel_xpu`` measured last at 8192
+(``--order-offset`` shifts it, one per run): a path always measured after the others can read
+slower, its GPU's clocks set by the load before it (on an H200, ``intel_xpu`` measured last at 8192
 prefill tokens read a median 1.06x ``triton_v2``, which ran the same kernels and plans; rotated,
-1.02x: ``benchmarks/results/layer-cuda-runs/layer-cuda-prefill-{sglang-plans,rotated}-run*.json``). Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
+1.02x: ``benchmarks/results/layer-cuda-runs/layer-cuda-prefill-{sglang-plans,rotated}-run*.json``).
+Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
 server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of a forward, so its
 graph figures hold one route build (2-4 µs on an H200) where a server pays it once per forward.
 Every output is checked against a float64 reference (base GEMM + a loop over the slots at real
@@ -762,8 +763,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         type=int,
         default=0,
         help="the paths are measured in an order rotated by one per point, plus this offset (give "
-        "each of several runs its own): a GPU's clocks drop under sustained load, and a path always "
-        "measured last reads slower",
+        "each of several runs its own): a path always measured after the others can read slower",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--best-of", nargs="+", metavar="RUN_JSON",

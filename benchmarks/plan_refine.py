@@ -21,7 +21,8 @@ chosen plan that is not the table's becomes that row's spec (name suffixed ``.la
 ``.sglang`` for SGLang's plan), where the final re-measurement confirms the objective fell.
 
     python -m benchmarks.plan_refine --device cuda            # on the H200, after the sweep: rewrites configs/sm90.plans.json
-    python -m benchmarks.plan_refine --device cuda --phase prefill --calls 8   # the prefill rows (2048, 8192 tokens)
+    python -m benchmarks.plan_refine --device cuda --phase prefill --calls 8   # a table's 2048/8192-token prefill rows
+                                                              # (the shipped sm90 table has none: SGLang's plans there)
     python -m benchmarks.plan_refine --device cuda --compile-only --shard 0/8   # fill Triton's cache in parallel first
     python -m benchmarks.plan_refine --quick                  # CPU smoke run (interpreter)
 
