@@ -26,7 +26,7 @@ Timing (:func:`benchmarks.common.replay_time`): device events around ``--calls``
 calls (graph replays, or eager layer calls), ``--rounds`` rounds, median and spread (slowest -
 fastest over the median). The paths of a point are measured in an order rotated by one per point
 (``--order-offset`` shifts it, one per run): a path always measured after the others can read
-slower, its GPU's clocks set by the load before it (on an H200, ``intel_xpu`` measured last at 8192
+slower (on an H200, with the cause not isolated, ``intel_xpu`` measured last at 8192
 prefill tokens read a median 1.06x ``triton_v2``, which ran the same kernels and plans; rotated,
 1.02x: ``benchmarks/results/layer-cuda-runs/layer-cuda-prefill-{sglang-plans,rotated}-run*.json``).
 Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
