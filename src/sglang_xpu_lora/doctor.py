@@ -151,7 +151,9 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     the modes whose shrink the selection gives to SGLang's Triton kernels, the eager token threshold,
     whether smaller eager batches launch from compiled handles (``direct_launches``,
     :func:`~sglang_xpu_lora.providers.triton_launch.launches_like_jit_run`), and the plan tables
-    read, in order; None when the dense tier serves no batch.
+    read, in order; None when the dense tier serves no batch. The threshold is checked either way,
+    as the backend reads it whatever the selection; the plan tables only where the tier serves, as
+    the backend reads them.
 
     Raises:
         ValueError: a bad ``SGLANG_XPU_LORA_PLANS`` table or ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS``.
@@ -162,13 +164,14 @@ def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
     from sglang_xpu_lora.dense.plans import PlanTable, sglang_architecture
     from sglang_xpu_lora.providers.triton_launch import launches_like_jit_run
 
+    eager_min_tokens = eager_dense_min_tokens()
     modes = [mode for mode, use_graph in (("eager", False), ("graphs", True)) if selection.dense_tier_serves(use_graph)]
     if not modes:
         return None
     device = torch.device(device)
     return {
         "modes": modes,
-        "eager_min_tokens": eager_dense_min_tokens(),
+        "eager_min_tokens": eager_min_tokens,
         "direct_launches": launches_like_jit_run(),
         "plans": PlanTable(device, sglang_architecture(device)).sources,
     }

@@ -125,6 +125,17 @@ def test_a_bad_plan_table_is_a_problem_the_server_would_meet(capsys, monkeypatch
     assert status == 0 and report["dense_tier"] is None
 
 
+@pytest.mark.parametrize("kernels", ["triton", "torch"])
+def test_a_bad_eager_threshold_is_a_problem_whatever_the_selection(kernels, capsys, monkeypatch, sglang_plugins_loaded):
+    """The backend reads SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS whatever serves the linears, so the
+    doctor refuses a bad one with the portable ops too (it passed there before)."""
+    monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
+    monkeypatch.setenv("SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS", "0")
+    status, report = run_doctor(capsys, "--json")
+    assert status == 1, report["problems"]
+    assert any("SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS='0' is not a positive integer" in p for p in report["problems"])
+
+
 @pytest.mark.parametrize("kernels, status", [("auto", 1), ("torch", 0)])
 def test_no_build(kernels, status, capsys, monkeypatch, sglang_plugins_loaded):
     monkeypatch.setenv("SGLANG_XPU_LORA_KERNELS", kernels)
