@@ -131,33 +131,55 @@ def capture(fn: Callable[[], object], device: torch.device, *, warmups: int = 2)
 
 
 def replay_time(fn: Callable[[], object], device: torch.device, *, calls: int = 50, rounds: int = 5) -> tuple[float, float]:
-    """Seconds per call of ``fn`` as a server pays it: ``rounds`` timings of ``calls`` back-to-back
-    calls (device events around them on a CUDA or XPU GPU, so nothing waits for the host between
-    calls; a host clock after a synchronize on CPU), after one warm-up call.
+    """Seconds per call of ``fn`` as a server pays it: :func:`interleaved_replay_times` of ``fn`` alone.
 
     Returns ``(median, spread)``: the median over the rounds of each round's time per call, and
     the rounds' (slowest - fastest) / median.
     """
+    return interleaved_replay_times({"fn": fn}, device, calls=calls, rounds=rounds)["fn"]
+
+
+def interleaved_replay_times(
+    fns: dict, device: torch.device, *, calls: int = 50, rounds: int = 5
+) -> dict:
+    """Seconds per call of each of ``fns`` (name -> callable) as a server pays it, measured
+    together: one warm-up call each, then ``rounds`` rounds, each timing ``calls`` back-to-back calls
+    of every callable in turn (device events around them on a CUDA or XPU GPU, so nothing waits for
+    the host between calls; a host clock after a synchronize on CPU). The order within a round
+    shifts by one per round, so that a drift of the device's speed over a point (clocks, heat) falls
+    on every callable alike and none is always timed first or last.
+
+    Returns ``{name: (median, spread)}``: the median over the rounds of each round's time per call,
+    and the rounds' (slowest - fastest) / median.
+    """
     gpu = accelerator(device)
-    fn()
+    names = list(fns)
+    for name in names:
+        fns[name]()
     synchronize(device)
-    per_call = []
-    for _ in range(rounds):
-        if gpu is not None:
-            start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            per_call.append(start.elapsed_time(end) * 1e-3 / calls)
-        else:
-            begin = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_call.append((time.perf_counter() - begin) / calls)
-    median = statistics.median(per_call)
-    return median, (max(per_call) - min(per_call)) / median
+    per_call: dict = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            if gpu is not None:
+                start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
+                start.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                end.synchronize()
+                per_call[name].append(start.elapsed_time(end) * 1e-3 / calls)
+            else:
+                begin = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                per_call[name].append((time.perf_counter() - begin) / calls)
+    result = {}
+    for name, samples in per_call.items():
+        median = statistics.median(samples)
+        result[name] = (median, (max(samples) - min(samples)) / median)
+    return result
 
 
 def machine() -> dict:

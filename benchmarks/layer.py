@@ -22,13 +22,13 @@ Modes: ``graph`` (decode, each path captured in a CUDA/XPU graph, as SGLang's de
   it runs what the trial captures keep, as on the box). Not on an XPU, where ``intel_xpu`` runs
   the real build.
 
-Timing (:func:`benchmarks.common.replay_time`): device events around ``--calls`` back-to-back
-calls (graph replays, or eager layer calls), ``--rounds`` rounds, median and spread (slowest -
-fastest over the median). The paths of a point are measured in an order rotated by one per point
-(``--order-offset`` shifts it, one per run): a path always measured after the others can read
-slower (on an H200, with the cause not isolated, ``intel_xpu`` measured last at 8192
-prefill tokens read a median 1.06x ``triton_v2``, which ran the same kernels and plans; rotated,
-1.02x: ``benchmarks/results/layer-cuda-runs/layer-cuda-prefill-{sglang-plans,rotated}-run*.json``).
+Timing (:func:`benchmarks.common.interleaved_replay_times`): the paths of a point are timed
+together, device events around ``--calls`` back-to-back calls (graph replays, or eager layer calls)
+of each path in turn, ``--rounds`` rounds, the order shifted by one per round; median and spread
+(slowest - fastest over the median). So a drift of the GPU's speed over a point falls on every
+path alike (timed one path after the other, the H200's figures moved by up to 10 % with the order
+of the paths). The first path of a point rotates by one per point (``--order-offset`` shifts it,
+one per run). What a layer's time is made of, per path: :mod:`benchmarks.layer_profile`.
 Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
 server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of a forward, so its
 graph figures hold one route build (2-4 µs on an H200) where a server pays it once per forward.
@@ -82,7 +82,7 @@ from benchmarks.common import (
     RESULTS,
     ModelShape,
     capture,
-    replay_time,
+    interleaved_replay_times,
     write,
 )
 from benchmarks.ops import MAX_LORAS, TINY, Case, kernels_env, reference_output
@@ -391,17 +391,11 @@ def relative_error(outputs: list[torch.Tensor], ref: dict[str, torch.Tensor]) ->
     return float("nan") if any(e != e for e in errors) else max(errors)
 
 
-def measure_path(
-    server: Server, path: str, case: Case, mode: str, adapters: int, ref, args
-) -> dict:
-    """``<path>_us``, ``_spread`` and ``_error`` of one path at one point, ``ref`` from
-    :func:`reference` (``_failed`` too when it raises or misses ``--tolerance``)."""
-    device = server.device
+def ready_path(server: Server, path: str, case: Case, mode: str, adapters: int):
+    """One path at one point made ready to time: ``(call, outputs)``, ``call`` one timed call (a
+    graph replay, or an eager layer call) after one untimed call, ``outputs()`` the four outputs
+    after the timed calls. Raises what the path raises."""
     backend = server.backends.get(path)
-    if path != "base" and backend is None:
-        return {f"{path}_failed": server.failures.get(path, "not built")}
-    if mode == "graph" and f"{path}:graph" in server.failures:
-        return {f"{path}_failed": server.failures[f"{path}:graph"]}
     use_graph = mode == "graph"
     layer = server.layer(path, case)
 
@@ -410,31 +404,60 @@ def measure_path(
             backend.reset_routing_cache()  # SGLang: before every warm-up and capture forward
         return [linear.forward(x) for linear, x in layer]
 
-    try:
-        if backend is not None:
-            prepare(backend, case, adapters, use_graph)
-        if use_graph:
-            graph, outputs = capture(forward, device)
-            run = graph.replay
-            run()
+    if backend is not None:
+        prepare(backend, case, adapters, use_graph)
+    if use_graph:
+        graph, outputs = capture(forward, server.device)
+        graph.replay()
+        return graph.replay, lambda: outputs
+    forward()
+    return forward, forward
+
+
+def measure_point(
+    server: Server, paths: list[str], case: Case, mode: str, adapters: int, ref, args
+) -> dict:
+    """``<path>_us``, ``_spread`` and ``_error`` of each of ``paths`` at one point, timed together
+    (:func:`benchmarks.common.interleaved_replay_times`, in the order of ``paths``), ``ref`` from
+    :func:`reference` (``<path>_failed`` where a path raises or misses ``--tolerance``; a raise
+    while timing fails every path of the point)."""
+    result, ready = {}, {}
+    for path in paths:
+        if path != "base" and server.backends.get(path) is None:
+            result[f"{path}_failed"] = server.failures.get(path, "not built")
+        elif mode == "graph" and f"{path}:graph" in server.failures:
+            result[f"{path}_failed"] = server.failures[f"{path}:graph"]
         else:
-            run, outputs = forward, forward()
-        calls, rounds = (
-            (args.prefill_calls, args.prefill_rounds)
-            if mode == "prefill"
-            else (args.calls, args.rounds)
+            try:
+                ready[path] = ready_path(server, path, case, mode, adapters)
+            except Exception as exc:
+                result[f"{path}_failed"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    calls, rounds = (
+        (args.prefill_calls, args.prefill_rounds) if mode == "prefill" else (args.calls, args.rounds)
+    )
+    try:
+        times = interleaved_replay_times(
+            {path: call for path, (call, _) in ready.items()}, server.device, calls=calls, rounds=rounds
         )
-        seconds, spread = replay_time(run, device, calls=calls, rounds=rounds)
-        if not use_graph:
-            outputs = forward()
-        error = relative_error(outputs, ref["base" if path == "base" else "lora"])
     except Exception as exc:
-        return {f"{path}_failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    result = {f"{path}_us": seconds * 1e6, f"{path}_spread": spread, f"{path}_error": error}
+        return {**result, **{f"{path}_failed": f"{type(exc).__name__}: {str(exc)[:300]}" for path in ready}}
     tolerance = args.tolerance or TOLERANCE[server.dtype]
-    if not error <= tolerance:
-        result[f"{path}_failed"] = f"output error {error:.3g} over tolerance {tolerance:g}"
+    for path, (_, outputs) in ready.items():
+        seconds, spread = times[path]
+        try:
+            error = relative_error(outputs(), ref["base" if path == "base" else "lora"])
+        except Exception as exc:
+            result[f"{path}_failed"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            continue
+        result.update({f"{path}_us": seconds * 1e6, f"{path}_spread": spread, f"{path}_error": error})
+        if not error <= tolerance:
+            result[f"{path}_failed"] = f"output error {error:.3g} over tolerance {tolerance:g}"
     return result
+
+
+def measure_path(server: Server, path: str, case: Case, mode: str, adapters: int, ref, args) -> dict:
+    """:func:`measure_point` of one path."""
+    return measure_point(server, [path], case, mode, adapters, ref, args)
 
 
 def summarise(row: dict, paths: list[str]) -> None:
@@ -533,10 +556,11 @@ def run(args) -> list[dict]:
             model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
         )
         first = (index + args.order_offset) % len(paths)
-        for path in paths[first:] + paths[:first]:  # no path always measured after the others
-            if path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max:
-                continue
-            row.update(measure_path(server, path, case, mode, adapters, ref, args))
+        point_paths = [
+            path for path in paths[first:] + paths[:first]
+            if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
+        ]
+        row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
         summarise(row, paths)
         rows.append(row)
         print(_line(row, paths), flush=True)

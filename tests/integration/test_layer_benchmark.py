@@ -184,3 +184,52 @@ def test_triton_v2_routes_long_batches_without_the_jit_alignment_kernel(monkeypa
     # a route at all: every row once, past the block padding
     pairs = theirs.maybe_sorted_pair_ids[:padded]
     assert sorted(pairs[pairs < slots.numel()].tolist()) == list(range(slots.numel()))
+
+
+def test_paths_of_a_point_are_timed_in_turn_with_the_order_shifted_per_round():
+    """A drift of the device's speed over a point must fall on every path alike: each round times
+    every path once, and no path is always first or last."""
+    from benchmarks.common import interleaved_replay_times
+
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    times = interleaved_replay_times(fns, torch.device("cpu"), calls=2, rounds=3)
+    assert order[:3] == ["a", "b", "c"]  # one untimed call each
+    rounds = [order[3 + 6 * r: 9 + 6 * r] for r in range(3)]
+    assert rounds == [
+        ["a", "a", "b", "b", "c", "c"],
+        ["b", "b", "c", "c", "a", "a"],
+        ["c", "c", "a", "a", "b", "b"],
+    ]
+    assert set(times) == {"a", "b", "c"} and all(seconds > 0 for seconds, _ in times.values())
+
+
+def test_a_point_measures_its_paths_together_and_fails_only_the_wrong_one():
+    import benchmarks.layer as bench
+
+    args = types.SimpleNamespace(
+        tolerance=None, calls=1, rounds=2, prefill_calls=1, prefill_rounds=1, emulated_build=None, modes=["eager"]
+    )
+    device = torch.device("cpu")
+    server = bench.Server(bench.TINY, 16, ["base", "torch_native"], torch.float32, device, args)
+    case = bench.Case(bench.TINY, 16, 4, 8, "decode", torch.float32, device, real_rank=16)
+    with_lora = bench.reference(server, case, adapters=4)
+    row = bench.measure_point(server, ["torch_native", "base", "triton"], case, "eager", 4, with_lora, args)
+    assert row["torch_native_error"] < 1e-4 and "torch_native_failed" not in row
+    assert row["base_error"] < 1e-4 and row["base_us"] > 0
+    assert row["triton_failed"] == "not built"
+
+
+def test_layer_profile_splits_kernels_into_calls_and_drops_the_first():
+    from benchmarks.layer_profile import per_call
+
+    # three calls of two kernels each, 100 us apart; the first call is slower (dropped)
+    spans = [(0, 50, "gemm"), (50, 70, "lora"), (100, 130, "gemm"), (130, 140, "lora"), (200, 230, "gemm"), (230, 240, "lora")]
+    got = per_call(spans, 3)
+    assert got["period_us"] == 100
+    assert got["kernel_us"] == 40
+    assert got["kernels"] == {"gemm": {"launches": 1, "us": 30}, "lora": {"launches": 1, "us": 10}}
+    with pytest.raises(ValueError, match="do not split"):
+        per_call(spans[:5], 3)
+    with pytest.raises(ValueError, match="do not split"):
+        per_call([], 3)
