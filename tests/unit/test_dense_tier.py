@@ -36,6 +36,7 @@ PLANS = {
     "grouped-splitk-planes/per_row/ab_delta": dict(
         a_family="grouped", b_family="per_row", overlap="ab_delta", a_tiles={**A_TILES, "SPLIT_K": 2, "SPLIT_MODE": "planes"}
     ),
+    "grouped/grouped/ab_delta": dict(a_family="grouped", b_family="grouped", overlap="ab_delta"),
     "per_row/per_row/a": dict(a_family="per_row", b_family="per_row", overlap="a"),
     "per_row/grouped/none": dict(a_family="per_row", b_family="grouped", overlap="none"),
     "all_slots/per_row/ab_delta": dict(a_family="all_slots", b_family="per_row", overlap="ab_delta"),
