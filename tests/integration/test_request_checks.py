@@ -248,6 +248,100 @@ def test_a_refusal_at_50_adapters_names_the_adapter_and_counts_the_others(scope,
         assert unloaded is None  # SGLang alone loads the unloaded tenant again
 
 
+class CountedWalks:
+    """Mixin for the mappings of a manager's adapter names: counts the walks over all their entries
+    (iteration, keys, values, items, copy), each O(K) in the number of loaded adapters; a
+    lookup of one name (``in``, ``get``, ``move_to_end``) is not counted."""
+
+    walks = 0
+
+    def _walked(self):
+        CountedWalks.walks += 1
+
+    def __iter__(self):
+        self._walked()
+        return super().__iter__()
+
+    def keys(self):
+        self._walked()
+        return super().keys()
+
+    def values(self):
+        self._walked()
+        return super().values()
+
+    def items(self):
+        self._walked()
+        return super().items()
+
+    def copy(self):
+        self._walked()
+        return super().copy()
+
+
+def test_a_request_looks_up_its_own_adapters_without_walking_every_loaded_one(scope, manager, monkeypatch):
+    """Issue 31: the check of a request's adapters copied the whole registry (and the cache of
+    names) for every request, O(K) per request at K loaded adapters. With 50 tenants in mappings
+    that count every walk over their entries, a served request (one name, a batch with the base
+    model) walks none, and neither does a
+    refused one: its refusal counts the loaded adapters without listing them
+    (``num_registered_loras``). Where the plugin checks nothing, SGLang's own lookups walk none
+    for a served request either, and its refusal lists every tenant. The counting mappings are
+    checked to count a walk, as the old check's ``set(get_all_adapters())`` made one."""
+    from collections import OrderedDict
+
+    class CountedRegistry(CountedWalks, OrderedDict):
+        pass
+
+    class CountedCache(CountedWalks, dict):
+        pass
+
+    async def scenario():
+        await load_tenants(manager)
+        registry = manager.lora_registry
+        registry._registry = CountedRegistry(registry._registry)
+        manager.lora_ref_cache = CountedCache(manager.lora_ref_cache)
+        monkeypatch.setattr(CountedWalks, "walks", 0)
+        served = [await resolve(manager, "tenant-02"), await resolve(manager, ["tenant-03", None, "tenant-04"])]
+        served_walks = CountedWalks.walks
+        refused = await resolve(manager, ["tenant-05", "tenant-x"])
+        refused_walks = CountedWalks.walks - served_walks
+        set(registry.get_all_adapters())  # the old check's copy: counted
+        return served, served_walks, refused, refused_walks, CountedWalks.walks - served_walks - refused_walks
+
+    served, served_walks, refused, refused_walks, copy_walks = asyncio.run(scenario())
+    assert served == [None, None]
+    assert served_walks == 0
+    assert copy_walks >= 1
+    if scope:
+        assert refused == f"LoRA adapter 'tenant-x' has never been loaded. {FORTY_NINE}"
+        assert refused_walks == 0
+    else:
+        assert refused.startswith("Got LoRA adapter that has never been loaded: tenant-x\n"), refused
+        assert refused_walks >= 1  # SGLang's refusal lists every loaded name
+
+
+def test_an_adapter_evicted_and_remembered_passes_the_check_to_sglangs_reload(scope, manager):
+    """A name evicted under ``--max-loaded-loras`` (SGLang unregisters it and keeps it in
+    ``lora_ref_cache``) is looked up in the cache too: the request passes the check and SGLang's
+    implicit reload serves it; a name in neither is refused."""
+    from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput
+
+    async def scenario():
+        await load_tenants(manager)
+        await manager.load_lora_adapter(LoadLoRAAdapterReqInput(lora_name="evicted", lora_path="/evicted"))
+        async with manager.lora_update_lock:  # SGLang's LRU eviction, as load_lora_adapter runs it
+            await manager._unload_lora_adapter_locked(UnloadLoRAAdapterReqInput(lora_name="evicted"))
+        assert "evicted" in manager.lora_ref_cache and "evicted" not in manager.lora_registry.get_all_adapters()
+        return await resolve(manager, ["evicted", "tenant-01"]), await resolve(manager, "tenant-x")
+
+    evicted, never = asyncio.run(scenario())
+    assert evicted is None
+    assert "evicted" in manager.lora_registry.get_all_adapters()  # loaded again
+    if scope:
+        assert never == f"LoRA adapter 'tenant-x' has never been loaded. Loaded adapters: 50 (GET /v1/models lists them)."
+
+
 def test_an_unload_between_the_check_and_sglangs_lookup_is_refused_as_unloaded(scope, manager):
     """An unload that lands after the plugin's check passed and before SGLang looks the adapter up
     (here: right after SGLang read which names are unregistered) makes SGLang refuse the request

@@ -189,14 +189,20 @@ def refuse_unknown_adapters(manager: Any, lora_path: Any) -> None:
     has registered nor remembers for an implicit reload (an adapter evicted under
     ``--max-loaded-loras``); SGLang would refuse it as never loaded, listing every loaded adapter.
 
+    Each name is looked up directly (:func:`~sglang_xpu_lora.patches.unload_final.is_registered`, then
+    the cache), so a request costs its own names' lookups whatever the number of loaded adapters
+    (no copy of the registry per request).
+
     Raises:
         ValueError: :func:`refusal`: per such adapter (sorted, each once), whether it is being
             unloaded, was unloaded or was never loaded; then how many adapters are loaded and
             where to list them, never their names.
     """
     names = [lora_path] if isinstance(lora_path, str) else lora_path or ()
-    known = set(manager.lora_registry.get_all_adapters()) | set(manager.lora_ref_cache)
-    unknown = sorted({name for name in names if name is not None and name not in known})
+    unknown = sorted({
+        name for name in names
+        if name is not None and not unload_final.is_registered(manager, name) and name not in manager.lora_ref_cache
+    })
     if unknown:
         raise ValueError(refusal(manager, unknown))
 

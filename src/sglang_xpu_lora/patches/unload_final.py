@@ -87,8 +87,17 @@ def loaded_count(manager: Any) -> str:
     """``"Loaded adapters: N (GET /v1/models lists them)."``: how many adapters ``manager`` (SGLang's
     ``TokenizerManager``) has registered, the ones ``/v1/models`` lists, and where to list them,
     never their names (one tenant's refusal must not list every other tenant; at 1,000 adapters
-    the list was 9 KB)."""
-    return f"Loaded adapters: {len(manager.lora_registry.get_all_adapters())} ({LIST_ADAPTERS})."
+    the list was 9 KB). Counted without copying the registry (``num_registered_loras``)."""
+    return f"Loaded adapters: {manager.lora_registry.num_registered_loras} ({LIST_ADAPTERS})."
+
+
+def is_registered(manager: Any, name: str) -> bool:
+    """Whether adapter ``name`` is registered in ``manager``'s ``LoRARegistry`` (loaded, and not
+    being unloaded): one lookup in the registry's mapping, as SGLang's own per-request lookups do
+    (``LoRARegistry.acquire``), where ``get_all_adapters()`` copies all K entries. It reads without
+    the registry's lock, as ``get_all_adapters`` does, and does not count as a use for the
+    registry's LRU order (SGLang's ``acquire`` of the request does)."""
+    return name in manager.lora_registry._registry
 
 
 def why_not_loaded(manager: Any, name: str) -> str:
@@ -107,8 +116,11 @@ def why_not_loaded(manager: Any, name: str) -> str:
 def is_evicted(manager: Any, lora_name: str) -> bool:
     """Whether ``lora_name`` is an adapter evicted under ``--max-loaded-loras``: remembered in the
     manager's ``lora_ref_cache`` but neither registered nor waiting for an unload to complete."""
-    registered = manager.lora_registry.get_all_adapters()
-    return lora_name in manager.lora_ref_cache and lora_name not in registered and lora_name not in manager.pending_lora_unloads
+    return (
+        lora_name in manager.lora_ref_cache
+        and not is_registered(manager, lora_name)
+        and lora_name not in manager.pending_lora_unloads
+    )
 
 
 async def unload_finally(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:

@@ -252,7 +252,8 @@ REQUIRED_ATTRIBUTES = {
     LORA_UPDATE_OUTPUT: ("success", "error_message"),
     # patches/unload_final.py: the manager's adapter names.
     TOKENIZER_MANAGER: ("lora_ref_cache", "lora_registry", "pending_lora_unloads"),
-    LORA_REGISTRY: ("get_all_adapters",),
+    # The registry's own mapping: one lookup per requested name (unload_final.is_registered), not a copy.
+    LORA_REGISTRY: ("get_all_adapters", "num_registered_loras", "_registry"),
     UNLOAD_LORA_ADAPTER_REQ_INPUT: ("lora_name",),
     # patches/request_checks.py: the fields it checks and the batch SGLang's normalisation found.
     GENERATE_REQ_INPUT: ("lora_path", "lora_id", "is_single", "batch_size", "parallel_sample_num"),
