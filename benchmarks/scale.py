@@ -13,9 +13,12 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
 * time to first token (the first streamed event with a token), p50 and p95, and the slowest
   request's latency (send to last event), in seconds;
 * tokens per second: N x new tokens over the wall time of the N requests;
-* with ``--churn SECONDS``, reloads during every timed workload: every SECONDS one more adapter
-  (``scale-churn``, named by no workload request, so none of them is refused) is unloaded, loaded
-  again through ``/load_lora_adapter`` and sent one request (its first use, copied into a slot);
+* with ``--churn SECONDS``, reloads during every timed workload: ``--churn-first`` seconds after
+  the workload starts (default 0.1 s, while its first prefills run), then every SECONDS, one more
+  adapter (``scale-churn``, named by no workload request, so none of them is refused) is unloaded,
+  loaded again through ``/load_lora_adapter`` and sent one request (its first use, copied into a
+  slot). A first reload only after SECONDS (as before ``--churn-first``) put reloads only in the
+  workloads that lasted longer, the slow ones, and read as a cost of the reload;
   those requests count in the slowest latency and in ``latency_p99_s`` (the 99th percentile of all
   latencies), ``reloads`` counts the rounds, and ``tail_s`` = slowest - p99 (the issue's target: at
   most 1 s, in 5 repeated runs);
@@ -176,26 +179,31 @@ def streamed_generate(url: str, input_ids: list[int], lora: str, new_tokens: int
     return {"ttft": ttft, "latency": time.perf_counter() - start, "output_ids": output_ids}
 
 
-def churn(url: str, path: Path, every: float, stop: threading.Event, prompt_len: int, new_tokens: int) -> list[float]:
-    """Until ``stop`` is set: every ``every`` seconds unload :data:`CHURNED`, load it again from
-    ``path`` and send it one streamed request. Returns those requests' latencies (seconds)."""
+def churn(
+    url: str, path: Path, every: float, stop: threading.Event, prompt_len: int, new_tokens: int, first: float,
+) -> list[float]:
+    """Until ``stop`` is set: ``first`` seconds after the call, then every ``every`` seconds, unload
+    :data:`CHURNED`, load it again from ``path`` and send it one streamed request. Returns those
+    requests' latencies (seconds)."""
     from sglang_cpu_devsupport import serving
 
-    latencies = []
-    while not stop.wait(every):
+    latencies, wait = [], first
+    while not stop.wait(wait):
         serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": CHURNED}, timeout=600)
         serving.post_json(f"{url}/load_lora_adapter", {"lora_name": CHURNED, "lora_path": str(path)}, timeout=600)
         latencies.append(streamed_generate(url, [5] * prompt_len, CHURNED, new_tokens)["latency"])
+        wait = every
     return latencies
 
 
 def run_workload(
     url: str, loaded: int, in_flight: int, requests: int, prompt_len: int, new_tokens: int, seed: int,
-    churn_every: float = 0.0, churn_path: Optional[Path] = None,
+    churn_every: float = 0.0, churn_path: Optional[Path] = None, churn_first: float = 0.1,
 ) -> dict:
     """N = ``requests`` streamed requests over the first ``loaded`` adapters (a seeded random
     choice of min(N, loaded) distinct ones, cycled), ``in_flight`` at a time; with
-    ``churn_every`` > 0, :func:`churn` of :data:`CHURNED` (loaded from ``churn_path``) meanwhile.
+    ``churn_every`` > 0, :func:`churn` of :data:`CHURNED` (loaded from ``churn_path``) meanwhile,
+    its first reload ``churn_first`` seconds after the workload starts.
     Returns the row's timings and ``samples``: ``(input ids, adapter, output ids)`` per request."""
     rng = random.Random(seed)
     chosen = rng.sample(range(loaded), min(requests, loaded))
@@ -205,7 +213,10 @@ def run_workload(
     ]
     stop = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight + 1) as pool:
-        churned = pool.submit(churn, url, churn_path, churn_every, stop, prompt_len, new_tokens) if churn_every > 0 else None
+        churned = (
+            pool.submit(churn, url, churn_path, churn_every, stop, prompt_len, new_tokens, churn_first)
+            if churn_every > 0 else None
+        )
         start = time.perf_counter()
         results = list(pool.map(lambda item: streamed_generate(url, item[0], item[1], new_tokens), work))
         wall = time.perf_counter() - start
@@ -279,7 +290,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
             for c in args.in_flight:
                 timings = run_workload(
                     url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c,
-                    churn_every=args.churn, churn_path=paths[CHURNED],
+                    churn_every=args.churn, churn_path=paths[CHURNED], churn_first=args.churn_first,
                 )
                 samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]
                 row = {
@@ -331,6 +342,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "xpu"])
     parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                         help=f"unload, load and use {CHURNED} every SECONDS during the timed workloads (0: off)")
+    parser.add_argument("--churn-first", type=float, default=0.1, metavar="SECONDS",
+                        help="with --churn: the first reload this long after each workload starts (default 0.1)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="further sglang serve settings (Engine argument names)")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--log-dir", type=Path, default=None, help="the servers' logs (default: ARTIFACTS/scale-logs)")

@@ -79,3 +79,30 @@ def test_slot_cost(tmp_path):
     for phase in ("decode", "prefill"):
         assert len({r["aten_ops_added"] for r in rows if r["phase"] == phase}) == 1, rows
     assert all(math.isfinite(r["layer_us"]) and r["graph_setup_ms"] is not None for r in rows if r["phase"] == "decode")
+
+
+def test_scale_reloads_inside_every_workload_not_only_the_long_ones(monkeypatch):
+    """``benchmarks.scale --churn``: the first reload comes ``--churn-first`` seconds into a workload,
+    not ``--churn`` seconds, which put reloads only in the workloads that lasted longer (the slow
+    ones) and read as a cost of the reload. Counted with the HTTP calls replaced: no server, no timing."""
+    import threading
+
+    from sglang_cpu_devsupport import serving
+
+    from benchmarks import scale
+
+    calls, reloaded = [], threading.Event()
+    monkeypatch.setattr(serving, "post_json", lambda url, body, timeout=None: calls.append(url.rsplit("/", 1)[1]))
+
+    def generate(url, ids, lora, new_tokens):
+        reloaded.set()
+        return {"latency": 0.5}
+
+    monkeypatch.setattr(scale, "streamed_generate", generate)
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: calls.append(scale.churn("http://x", None, 3600.0, stop, 4, 2, first=0.0)))
+    worker.start()
+    assert reloaded.wait(60), "no reload before --churn seconds"
+    stop.set()
+    worker.join(60)
+    assert calls[:2] == ["unload_lora_adapter", "load_lora_adapter"] and calls[-1] == [0.5]
