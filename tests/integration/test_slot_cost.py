@@ -158,7 +158,7 @@ def test_the_count_sees_work_that_grows_with_slots(batch_runner, monkeypatch):
     from sglang_xpu_lora.providers.torch_routing import device
 
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    monkeypatch.setattr(device, "gathers_rows", lambda *shape: False)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape, **form: False)
     elements = {}
     for slots in SLOTS:
         one_batch, _ = batch_runner(slots, "decode")

@@ -16,5 +16,5 @@ def routing(request, monkeypatch):
     gathered (``device-gathered``). The value is the routing's name."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: request.param == "host")
     gathered = request.param == "device-gathered"
-    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape, **form: gathered)
     return request.param

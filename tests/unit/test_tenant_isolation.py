@@ -43,7 +43,7 @@ def ops(request, monkeypatch, emulate):
         return
     on_host, gathered = request.param == "torch-host", request.param == "torch-device-gathered"
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: on_host)
-    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape, **form: gathered)
     yield torch_ops
 
 

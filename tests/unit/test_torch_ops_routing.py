@@ -68,7 +68,7 @@ GEMM_FORMS = pytest.mark.parametrize("gathered", [False, True], ids=["every-slot
 def test_device_routing_is_free_of_host_syncs_and_data_dependent_shapes(monkeypatch, gathered):
     """On "meta" tensors (an accelerator stand-in without data), any host read would fail or show;
     in either GEMM form."""
-    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape, **form: gathered)
     p = {k: v.to("meta") if isinstance(v, torch.Tensor) else {n: t.to("meta") for n, t in v.items()} for k, v in decode_batch().items()}
     common, offsets = p["common"], p["offsets"]
     with HostSyncDetector() as detector:
@@ -103,6 +103,17 @@ def test_cpu_routes_on_the_host_except_small_problems_with_several_runs():
     assert torch_ops.routes_on_host(torch.empty(32, 128), tiny_qkv_a, lambda: 1)
     assert torch_ops.routes_on_host(torch.empty(4096, 128), tiny_qkv_a, lambda: 8)  # the L-fold GEMM grows
     assert not torch_ops.routes_on_host(torch.empty(32, 4096, device="meta"), llama_qkv_a.to("meta"), None)
+
+
+def test_cpu_gathers_each_rows_own_weights_for_a_batch_of_many_adapters():
+    """A decode batch of 64 requests over 64 adapters (the tiny Llama, 64 slots): the host routing
+    would make 64 GEMM calls, the every-slot GEMM 64 times the multiply-adds; the device routing
+    gathers each row's own adapter instead. The same batch over 8 of the 64 slots stays on the host."""
+    tiny_qkv_a, x = torch.empty(64, 3 * 8, 128), torch.empty(64, 128)
+    assert not torch_ops.routes_on_host(x, tiny_qkv_a, lambda: 64)
+    assert device.gathers_rows(64, 64, 3 * 8, 128, on_cpu=True)
+    assert torch_ops.routes_on_host(x, tiny_qkv_a, lambda: 8)
+    assert not device.gathers_rows(64, 8, 3 * 8, 128, on_cpu=True)  # 8 slots: one GEMM with each costs less
 
 
 def test_accelerator_tensors_never_read_index_tensors_on_the_host(monkeypatch):
@@ -191,7 +202,7 @@ def test_device_gemms_in_row_chunks_give_the_same_numbers(monkeypatch, gathered)
     same numbers, to the rounding of a GEMM with fewer rows, for the shrink, and for the expand with
     bands known on the host (gate_up) and bands read on the device (qkv)."""
     monkeypatch.setattr(torch_ops, "routes_on_host", lambda x, weights, count_runs: False)
-    monkeypatch.setattr(device, "gathers_rows", lambda *shape: gathered)
+    monkeypatch.setattr(device, "gathers_rows", lambda *shape, **form: gathered)
     p = decode_batch()
     common = dict(p["common"], permutation=p["permutation"])
 

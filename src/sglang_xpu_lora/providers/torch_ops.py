@@ -4,8 +4,8 @@ Same signatures and semantics as sgl-kernel-xpu ``python/sgl_kernel/lora.py`` (s
 :mod:`sglang_xpu_lora.providers.base` for the shared contract). This module checks arguments and
 picks one of two routing strategies per op (:func:`routes_on_host`); both give the same numbers:
 
-* **on the device** (:mod:`.torch_routing.device`): any accelerator (XPU, CUDA...), and small CPU
-  problems; sync-free and graph-capturable, every row keeps its own slot's product (of a GEMM with
+* **on the device** (:mod:`.torch_routing.device`): any accelerator (XPU, CUDA...), and CPU
+  problems where it costs less (small ones, and batches of many adapters); sync-free and graph-capturable, every row keeps its own slot's product (of a GEMM with
   every slot, or, for batches with few rows per slot, of its own slot's weights gathered: a cost
   that does not grow with the slot count);
 * **on the host** (:mod:`.torch_routing.host`): CPU tensors; one GEMM per run of a slot, over
@@ -50,25 +50,31 @@ from sglang_xpu_lora.providers.torch_routing.cache import RoutingCache
 __all__ = ["PROVIDER", "RoutingCache", *OP_NAMES]
 
 
-#: On CPU, problems at most this small take the device routing (see :func:`routes_on_host`).
-SMALL_PROBLEM_WEIGHTS = 1 << 18  #: elements of all slots' weights
-SMALL_PROBLEM_MACS = 1 << 22  #: multiply-adds of the device routing's all-slots GEMM
+#: On CPU, what one run's GEMM call of the host routing costs beyond its multiply-adds, in the
+#: device routing's gathered elements (:func:`.torch_routing.device.cpu_form_costs`): about 7.5 µs,
+#: measured with the tiny Llama's shrink (64 rows: 512 µs over 64 runs, 114 µs over 8).
+CPU_HOST_RUN = 15_000
 
 
 def routes_on_host(x: torch.Tensor, weights: torch.Tensor, count_runs: Callable[[], int]) -> bool:
-    """Whether an op on ``x`` (T, ...) and ``weights`` (L, ...) routes on the host (else on the device).
+    """Whether an op on ``x`` (T, ...) and ``weights`` (L, N, D) routes on the host (else on the device).
 
-    False on any device but CPU: the ops route on the device, sync-free and graph-capturable. True
-    for CPU tensors, since reading index tensors in host memory is no synchronisation, unless the
-    problem is small (``weights.numel() <= SMALL_PROBLEM_WEIGHTS`` and ``T * weights.numel() <=
-    SMALL_PROBLEM_MACS``) and its batch has several runs of one adapter (``count_runs()``, read on
-    the host only then): the device routing's fixed few kernels then cost less than a GEMM call per
-    run (tiny models, where per-call overhead dominates).
+    False on any device but CPU: the ops route on the device, sync-free and graph-capturable. For
+    CPU tensors, reading index tensors in host memory is no synchronisation, and the cheaper routing
+    wins, in the device routing's gathered elements: the host routing costs
+    :data:`CPU_HOST_RUN` per run of one adapter (``count_runs()``, read on the host) plus its
+    multiply-adds (``T * N * D``, :data:`.torch_routing.device.CPU_MACS_PER_ELEMENT` to an element);
+    the device routing its cheaper form (:func:`.torch_routing.device.cpu_form_costs`). Large
+    problems and single runs route on the host; small problems with several runs (tiny models)
+    take the device's every-slot GEMM; batches with many runs over many slots (a decode batch of 64
+    requests over 64 adapters) gather each row's own weights on the device, one batched GEMM where
+    the host makes one GEMM per adapter.
     """
     if x.device.type != "cpu":
         return False
-    size = weights.numel()
-    return size > SMALL_PROBLEM_WEIGHTS or size * x.shape[0] > SMALL_PROBLEM_MACS or count_runs() <= 1
+    rows, (slots, out_dim, depth) = x.shape[0], weights.shape
+    host = count_runs() * CPU_HOST_RUN + rows * out_dim * depth // device.CPU_MACS_PER_ELEMENT
+    return host <= min(device.cpu_form_costs(rows, slots, out_dim, depth))
 
 
 def _routes(x, weights, seg_indptr, weight_indices, lora_ranks, permutation, max_rank: int, routing: Optional[RoutingCache]):

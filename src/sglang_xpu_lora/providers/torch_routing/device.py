@@ -1,4 +1,4 @@
-"""Routing on the device: sync-free and graph-capturable, for accelerators and small CPU problems.
+"""Routing on the device: sync-free and graph-capturable, for accelerators and CPU problems where it costs less.
 
 No loop over segments or requests, no host synchronisation, no data-dependent shapes. Each token
 row is mapped to its pool slot on the device (:func:`row_slots`: ``searchsorted`` over
@@ -76,18 +76,41 @@ MAX_PRODUCT_ELEMENTS = 1 << 26
 GATHER_PASSES = 3
 
 
-def gathers_rows(rows: int, slots: int, out_dim: int, depth: int, products: int = 1) -> bool:
+#: On CPU, what the device routing's forms cost, in elements gathered (about 0.5 ns each on the
+#: 2-core CI machine, fp32, 2026-12-04): the gathered form's fixed cost (its few small kernels) ...
+CPU_GATHER_FIXED = 100_000
+#: ... and how many of the every-slot GEMM's multiply-adds cost as much as one gathered element.
+CPU_MACS_PER_ELEMENT = 16
+
+
+def cpu_form_costs(rows: int, slots: int, out_dim: int, depth: int) -> tuple[int, int]:
+    """``(every slot, gathered rows)``: what each form of a GEMM of ``rows`` rows with their slots'
+    ``(out_dim, depth)`` weights costs on CPU, in gathered elements (:data:`CPU_GATHER_FIXED`,
+    :data:`CPU_MACS_PER_ELEMENT`). On CPU the every-slot GEMM's ``rows * slots * out_dim * depth``
+    multiply-adds dominate it; the gathered form moves ``rows * out_dim * depth`` elements after a
+    fixed cost. Measured with a shrink of the tiny Llama's shapes (``(24, 128)``, 8-2048 rows, 8
+    and 64 slots): at 64 rows over 64 slots the every-slot form took 399 µs, the gathered 137 µs;
+    at 64 rows over 8 slots 65 and 134 µs."""
+    per_row = out_dim * depth
+    return rows * slots * per_row // CPU_MACS_PER_ELEMENT, CPU_GATHER_FIXED + rows * per_row
+
+
+def gathers_rows(rows: int, slots: int, out_dim: int, depth: int, products: int = 1, *, on_cpu: bool = False) -> bool:
     """Whether a GEMM of ``rows`` rows with their slots' ``(out_dim, depth)`` weights gathers each
     row's own weights (else every slot's product is computed and each row keeps its own).
 
-    From host-known shapes only (graph-capturable, no device read): the elements each form moves.
-    Every slot: each slot's weights once (``slots * out_dim * depth``), and ``rows * slots *
-    out_dim * products`` products written and read back (``products``: the slices each row's
-    input is multiplied as, when the column bands are known only on the device). Gathered rows:
-    :data:`GATHER_PASSES` passes over ``rows * out_dim * depth`` gathered weights and its own
+    From host-known shapes only (graph-capturable, no device read). On an accelerator, the elements
+    each form moves. Every slot: each slot's weights once (``slots * out_dim * depth``), and ``rows
+    * slots * out_dim * products`` products written and read back (``products``: the slices each
+    row's input is multiplied as, when the column bands are known only on the device). Gathered
+    rows: :data:`GATHER_PASSES` passes over ``rows * out_dim * depth`` gathered weights and its own
     ``rows * out_dim * products`` products, whatever ``slots``. The FLOPs are ``slots`` times
-    fewer too. Decode batches with fewer rows than about a third of the slots gather.
+    fewer too. Decode batches with fewer rows than about a third of the slots gather. On CPU
+    (``on_cpu``), where the every-slot GEMM's multiply-adds dominate: :func:`cpu_form_costs`.
     """
+    if on_cpu:
+        every_slot, gathered = cpu_form_costs(rows, slots, out_dim, depth)
+        return gathered < every_slot
     every_slot = slots * out_dim * depth + 2 * rows * slots * out_dim * products
     gathered = GATHER_PASSES * rows * out_dim * depth + 2 * rows * out_dim * products
     return gathered < every_slot
@@ -150,7 +173,7 @@ def shrink(x: torch.Tensor, weights: torch.Tensor, routes: DeviceRoutes) -> torc
     """
     num_rows, hidden = x.shape
     num_slots, out_dim, _ = weights.shape
-    if gathers_rows(num_rows, num_slots, out_dim, hidden):
+    if gathers_rows(num_rows, num_slots, out_dim, hidden, on_cpu=x.device.type == "cpu"):
 
         def compute(rows):
             own = weights.index_select(0, routes.slot_index[rows])  # (C, N, K): each row's own slot
@@ -197,7 +220,7 @@ def expand(
             slice_offsets[1:].contiguous().to(torch.int64), torch.arange(out_dim, device=x.device), right=True
         )
     products = num_slices if bands is None else 1
-    if gathers_rows(num_rows, num_slots, out_dim, weights.shape[2], products):
+    if gathers_rows(num_rows, num_slots, out_dim, weights.shape[2], products, on_cpu=x.device.type == "cpu"):
         form, per_row = _gathered_products, out_dim * (weights.shape[2] + products)
     else:
         form, per_row = _own_products, num_slots * out_dim * products
