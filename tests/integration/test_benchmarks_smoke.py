@@ -102,7 +102,9 @@ def test_scale_reloads_inside_every_workload_not_only_the_long_ones(monkeypatch)
     stop = threading.Event()
     worker = threading.Thread(target=lambda: calls.append(scale.churn("http://x", None, 3600.0, stop, 4, 2, first=0.0)))
     worker.start()
-    assert reloaded.wait(60), "no reload before --churn seconds"
-    stop.set()
-    worker.join(60)
+    try:
+        assert reloaded.wait(60), "no reload before --churn seconds"
+    finally:
+        stop.set()  # ends the churn thread whatever happened (it would otherwise wait out --churn)
+        worker.join(60)
     assert calls[:2] == ["unload_lora_adapter", "load_lora_adapter"] and calls[-1] == [0.5]
