@@ -139,28 +139,46 @@ def replay_time(fn: Callable[[], object], device: torch.device, *, calls: int = 
     return interleaved_replay_times({"fn": fn}, device, calls=calls, rounds=rounds)["fn"]
 
 
+def balanced_orders(count: int) -> list[list[int]]:
+    """Orders of ``count`` items, one per round, in which each item holds each place equally often
+    and follows each other item equally often: a Williams design (E. J. Williams, "Experimental
+    designs balanced for the estimation of residual effects of treatments", Aust. J. Sci. Res. A 2,
+    1949), ``count`` rounds for an even count, ``2 * count`` (the rows and their mirrors) for an odd one.
+    """
+    first = [0]
+    for step in range(1, count):
+        first.append((step + 1) // 2 if step % 2 else count - step // 2)
+    rows = [[(item + shift) % count for item in first] for shift in range(count)]
+    return rows if count % 2 == 0 or count == 1 else rows + [row[::-1] for row in rows]
+
+
 def interleaved_replay_times(
     fns: dict, device: torch.device, *, calls: int = 50, rounds: int = 5
 ) -> dict:
     """Seconds per call of each of ``fns`` (name -> callable) as a server pays it, measured
     together: one warm-up call each, then ``rounds`` rounds, each timing ``calls`` back-to-back calls
     of every callable in turn (device events around them on a CUDA or XPU GPU, so nothing waits for
-    the host between calls; a host clock after a synchronize on CPU). The order within a round
-    shifts by one per round, so that a drift of the device's speed over a point (clocks, heat) falls
-    on every callable alike and none is always timed first or last.
+    the host between calls; a host clock after a synchronize on CPU). The orders of the rounds are a
+    Williams design (:func:`balanced_orders`), ``rounds`` rounded up to whole designs: each callable
+    holds each place in a round equally often and follows each other callable equally often, so a
+    drift of the device's speed over a point (clocks, heat) falls on every callable alike. The
+    predecessor matters where the device runs at its power cap (an H200 at 8192 prefill tokens,
+    :mod:`benchmarks.clock_log`): a block right after a slow, low-power one starts at a higher
+    clock, and with the order only rotated each path always follows the same one.
 
     Returns ``{name: (median, spread)}``: the median over the rounds of each round's time per call,
     and the rounds' (slowest - fastest) / median.
     """
     gpu = accelerator(device)
     names = list(fns)
+    orders = balanced_orders(len(names))
+    rounds = -(-rounds // len(orders)) * len(orders)
     for name in names:
         fns[name]()
     synchronize(device)
     per_call: dict = {name: [] for name in names}
     for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in (names[i] for i in orders[round_index % len(orders)]):
             fn = fns[name]
             if gpu is not None:
                 start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)

@@ -24,10 +24,12 @@ Modes: ``graph`` (decode, each path captured in a CUDA/XPU graph, as SGLang's de
 
 Timing (:func:`benchmarks.common.interleaved_replay_times`): the paths of a point are timed
 together, device events around ``--calls`` back-to-back calls (graph replays, or eager layer calls)
-of each path in turn, ``--rounds`` rounds, the order shifted by one per round; median and spread
-(slowest - fastest over the median). So a drift of the GPU's speed over a point falls on every
-path alike (timed one path after the other, the H200's figures moved by up to 10 % with the order
-of the paths). The first path of a point rotates by one per point (``--order-offset`` shifts it,
+of each path in turn, ``--rounds`` rounds (rounded up to a whole Williams design: each path in each
+place, and after each other path, equally often); median and spread (slowest - fastest over the
+median). So a drift of the GPU's speed over a point falls on every path alike (timed one path
+after the other, the H200's figures moved by up to 10 % with the order of the paths; at 8192
+prefill tokens, where the H200 runs at its power cap, a path always timed after the slow ``csgmv``
+read 5-9 % faster than one always timed after it). The first path of a point rotates by one per point (``--order-offset`` shifts it,
 one per run). What a layer's time is made of, per path: :mod:`benchmarks.layer_profile`.
 Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
 server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of a forward, so its
@@ -49,6 +51,9 @@ base), ``best_peer`` (the fastest of ``triton``, ``csgmv``, ``triton_v2`` at the
 ``<intel path>_vs_best_peer`` (time over the best peer's). The no-adapter batch (``adapters`` 0)
 routes every request to the pool's base slot (rank 0), as SGLang does; ``triton_v2`` then runs no
 LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-LoRA graph for it).
+On a CUDA GPU with ``nvidia-smi``, each point also records the GPU's median SM clock (``sm_mhz``),
+largest power draw (``power_w``) and share of samples at the power cap (``power_capped``) while it
+was timed (:mod:`benchmarks.clock_log`; samples in ``layer-<device>-clocks.csv``).
 
     python -m benchmarks.layer --device cuda            # the H200 grid (about 8 minutes)
     python -m benchmarks.layer --device xpu             # an Intel GPU (the kit runs it)
@@ -70,6 +75,7 @@ import json
 import os
 import time
 import types
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -85,6 +91,7 @@ from benchmarks.common import (
     interleaved_replay_times,
     write,
 )
+from benchmarks.clock_log import ClockLog
 from benchmarks.ops import MAX_LORAS, TINY, Case, kernels_env, reference_output
 
 #: SGLang's LoRA backends measured as peers; the best of the first three is the target.
@@ -512,60 +519,66 @@ def run(args) -> list[dict]:
     partial = Path(args.out) / f"{args.name}.partial.jsonl"
     partial.unlink(missing_ok=True)
     args.cut_short = 0
-    for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
-        if time.perf_counter() - started > args.budget_seconds:
-            args.cut_short = len(points) - index
-            print(
-                f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run",
-                flush=True,
+    windows = []  # (row, start, end) of each point's timing, for its clocks
+    with ClockLog(Path(args.out) / f"{args.name}-clocks.csv", enabled=device.type == "cuda") as clocks:
+        for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
+            if time.perf_counter() - started > args.budget_seconds:
+                args.cut_short = len(points) - index
+                print(
+                    f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run",
+                    flush=True,
+                )
+                break
+            key = (model, max_rank)
+            if key not in servers:
+                servers.clear()  # one server at a time: its graphs' memory goes with it
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                shape = TINY if model == "tiny" else MODELS[model]
+                servers[key] = Server(shape, max_rank, paths, dtype, device, args)
+                args.backend_failures = {
+                    **getattr(args, "backend_failures", {}),
+                    **servers[key].failures,
+                }
+                args.intel_xpu_providers = {
+                    **getattr(args, "intel_xpu_providers", {}),
+                    **providers(servers[key]),
+                }
+                args.intel_xpu_dense = {
+                    **getattr(args, "intel_xpu_dense", {}),
+                    **dense_tiers(servers[key]),
+                }
+            server = servers[key]
+            case_mode = "decode" if mode in ("graph", "eager") else "prefill"
+            case = Case(
+                server.model,
+                max_rank,
+                max(adapters, 1),
+                tokens,
+                case_mode,
+                dtype,
+                device,
+                real_rank=rank or max_rank,
             )
-            break
-        key = (model, max_rank)
-        if key not in servers:
-            servers.clear()  # one server at a time: its graphs' memory goes with it
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            shape = TINY if model == "tiny" else MODELS[model]
-            servers[key] = Server(shape, max_rank, paths, dtype, device, args)
-            args.backend_failures = {
-                **getattr(args, "backend_failures", {}),
-                **servers[key].failures,
-            }
-            args.intel_xpu_providers = {
-                **getattr(args, "intel_xpu_providers", {}),
-                **providers(servers[key]),
-            }
-            args.intel_xpu_dense = {
-                **getattr(args, "intel_xpu_dense", {}),
-                **dense_tiers(servers[key]),
-            }
-        server = servers[key]
-        case_mode = "decode" if mode in ("graph", "eager") else "prefill"
-        case = Case(
-            server.model,
-            max_rank,
-            max(adapters, 1),
-            tokens,
-            case_mode,
-            dtype,
-            device,
-            real_rank=rank or max_rank,
-        )
-        ref = reference(server, case, adapters)
-        row = dict(
-            model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
-        )
-        first = (index + args.order_offset) % len(paths)
-        point_paths = [
-            path for path in paths[first:] + paths[:first]
-            if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
-        ]
-        row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
-        summarise(row, paths)
-        rows.append(row)
-        print(_line(row, paths), flush=True)
-        with open(partial, "a") as handle:  # survives a timeout
-            handle.write(json.dumps(row) + "\n")
+            ref = reference(server, case, adapters)
+            row = dict(
+                model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
+            )
+            first = (index + args.order_offset) % len(paths)
+            point_paths = [
+                path for path in paths[first:] + paths[:first]
+                if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
+            ]
+            timed_from = datetime.now()
+            row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
+            windows.append((row, timed_from, datetime.now()))
+            summarise(row, paths)
+            rows.append(row)
+            print(_line(row, paths), flush=True)
+            with open(partial, "a") as handle:  # survives a timeout
+                handle.write(json.dumps(row) + "\n")
+    for row, begin, end in windows:  # the log is closed: every sample is on disk
+        row.update(clocks.window(begin, end))
     args.paths_run = paths
     return rows
 

@@ -186,22 +186,35 @@ def test_triton_v2_routes_long_batches_without_the_jit_alignment_kernel(monkeypa
     assert sorted(pairs[pairs < slots.numel()].tolist()) == list(range(slots.numel()))
 
 
-def test_paths_of_a_point_are_timed_in_turn_with_the_order_shifted_per_round():
+def test_paths_of_a_point_are_timed_in_turn_each_in_every_place_and_after_every_other():
     """A drift of the device's speed over a point must fall on every path alike: each round times
-    every path once, and no path is always first or last."""
+    every path once, each path holds each place equally often and follows each other path equally
+    often (at the power cap a block after a slow, low-power one starts at a higher clock; with the
+    order only rotated, a path would always follow the same one)."""
+    import collections
+
     from benchmarks.common import interleaved_replay_times
 
+    for names in ("ab", "abc", "abcd", "abcde"):
+        order = []
+        fns = {name: (lambda name=name: order.append(name)) for name in names}
+        times = interleaved_replay_times(fns, torch.device("cpu"), calls=2, rounds=2)
+        n = len(names)
+        assert order[:n] == list(names)  # one untimed call each
+        blocks = order[n::2]
+        assert order[n:] == [name for name in blocks for _ in range(2)]  # calls back to back
+        rounds = [blocks[i:i + n] for i in range(0, len(blocks), n)]
+        assert len(rounds) == (n if n % 2 == 0 else 2 * n)  # 2 asked: rounded up to a whole design
+        assert all(sorted(r) == list(names) for r in rounds)
+        places = collections.Counter((name, place) for r in rounds for place, name in enumerate(r))
+        after = collections.Counter(pair for r in rounds for pair in zip(r, r[1:]))
+        assert set(places.values()) == {len(rounds) // n} and len(places) == n * n
+        assert set(after.values()) == {len(rounds) // n} and len(after) == n * (n - 1)
+        assert set(times) == set(names) and all(seconds > 0 for seconds, _ in times.values())
+    # Rotating the order would have given "c" after "b" in every round: the design does not.
     order = []
-    fns = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
-    times = interleaved_replay_times(fns, torch.device("cpu"), calls=2, rounds=3)
-    assert order[:3] == ["a", "b", "c"]  # one untimed call each
-    rounds = [order[3 + 6 * r: 9 + 6 * r] for r in range(3)]
-    assert rounds == [
-        ["a", "a", "b", "b", "c", "c"],
-        ["b", "b", "c", "c", "a", "a"],
-        ["c", "c", "a", "a", "b", "b"],
-    ]
-    assert set(times) == {"a", "b", "c"} and all(seconds > 0 for seconds, _ in times.values())
+    interleaved_replay_times({n: (lambda n=n: order.append(n)) for n in "abc"}, torch.device("cpu"), calls=1, rounds=3)
+    assert {tuple(order[3 + i:6 + i]) for i in range(0, 18, 3)} >= {("a", "b", "c"), ("c", "b", "a")}
 
 
 def test_a_point_measures_its_paths_together_and_fails_only_the_wrong_one():
@@ -233,3 +246,29 @@ def test_layer_profile_splits_kernels_into_calls_and_drops_the_first():
         per_call(spans[:5], 3)
     with pytest.raises(ValueError, match="do not split"):
         per_call([], 3)
+
+
+def test_clock_log_summarises_the_samples_of_a_points_window(tmp_path):
+    """A point's clocks come from the samples inside its window only; a cut-short last line and
+    ``[N/A]`` fields are skipped, and no samples (no ``nvidia-smi``) give no columns."""
+    from datetime import datetime
+
+    from benchmarks.clock_log import ClockLog, read_samples, summarise
+
+    log = tmp_path / "clocks.csv"
+    log.write_text(
+        "2026/12/04 19:14:26.207, 1980, 240.48, 0x0000000000000000\n"
+        "2026/12/04 19:14:26.257, 1560, 690.10, 0x0000000000000004\n"
+        "2026/12/04 19:14:26.307, 1200, 698.53, 0x0000000000000004\n"
+        "2026/12/04 19:14:26.358, [N/A], 700.00, 0x0000000000000004\n"
+        "2026/12/04 19:14:29.000, 345, 79.3, 0x0000000000000001\n"
+        "2026/12/04 19:14:29.05"
+    )
+    samples = read_samples(log)
+    assert len(samples) == 4
+    window = summarise(samples, datetime(2026, 12, 4, 19, 14, 26, 200000), datetime(2026, 12, 4, 19, 14, 26, 400000))
+    assert window == {"sm_mhz": 1560, "power_w": 698.53, "power_capped": 2 / 3, "clock_samples": 3}
+    assert summarise(samples, datetime(2026, 12, 4, 19, 15), datetime(2026, 12, 4, 19, 16)) == {}
+    with ClockLog(tmp_path / "none.csv", enabled=False) as clocks:
+        pass
+    assert clocks.window(datetime(2026, 1, 1), datetime(2027, 1, 1)) == {}
