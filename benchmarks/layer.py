@@ -28,8 +28,8 @@ of each path in turn, ``--rounds`` rounds (rounded up to a whole Williams design
 place, and after each other path, equally often); median and spread (slowest - fastest over the
 median). So a drift of the GPU's speed over a point falls on every path alike (timed one path
 after the other, the H200's figures moved by up to 10 % with the order of the paths; at 8192
-prefill tokens, where the H200 runs at its power cap, a path always timed after the slow ``csgmv``
-read 5-9 % faster than one always timed after it). The first path of a point rotates by one per point (``--order-offset`` shifts it,
+prefill tokens, where the H200 runs at its power cap, ``triton_v2`` read 5.5 ms per layer when
+always timed right after the slow ``csgmv``, 6.1 ms right after the base GEMMs: docs/performance.md). The first path of a point rotates by one per point (``--order-offset`` shifts it,
 one per run). What a layer's time is made of, per path: :mod:`benchmarks.layer_profile`.
 Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
 server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of a forward, so its
