@@ -21,7 +21,8 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
   workloads that lasted longer, the slow ones, and read as a cost of the reload;
   those requests count in the slowest latency and in ``latency_p99_s`` (the 99th percentile of all
   latencies), ``reloads`` counts the rounds, and ``tail_s`` = slowest - p99 (the issue's target: at
-  most 1 s, in 5 repeated runs);
+  most 1 s, in 5 repeated runs); ``--churn-no-reload`` sends the same requests to ``scale-churn``
+  left loaded, which tells what a reload costs from what one more adapter in the batches costs;
 * the machine's 1-minute load average when the row's workload ended (``load_1m``; the run's
   load averages before and after go into the JSON);
 * the time of each ``/load_lora_adapter`` (median and max, ms, of the loads that took K to its
@@ -37,7 +38,7 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
 The adapters are one PEFT adapter built by ``sglang_cpu_devsupport.tiny_model`` (all linear
 modules of the tiny Llama, rank ``--rank``) and K - 1 copies of its files with fresh random weights
 (seeded by index), each a PEFT adapter that transformers + PEFT loads. ``--max-lora-rank`` is the
-adapters' rank. The JSON and Markdown go to ``benchmarks/results/scale-<device>.json`` / ``.md``
+adapters' rank. The JSON, Markdown and plot (:func:`plot`) go to ``benchmarks/results/scale-<device>.json`` / ``.md`` / ``.png``
 (``--out`` elsewhere; ``--quick``: a few seconds of serving, ``-quick`` in the name, the suite's
 smoke run ``tests/integration/test_benchmarks_smoke.py``).
 
@@ -181,16 +182,18 @@ def streamed_generate(url: str, input_ids: list[int], lora: str, new_tokens: int
 
 def churn(
     url: str, path: Path, every: float, stop: threading.Event, prompt_len: int, new_tokens: int, first: float,
+    reload: bool = True,
 ) -> list[float]:
     """Until ``stop`` is set: ``first`` seconds after the call, then every ``every`` seconds, unload
-    :data:`CHURNED`, load it again from ``path`` and send it one streamed request. Returns those
-    requests' latencies (seconds)."""
+    :data:`CHURNED`, load it again from ``path`` (``reload`` False: neither, it stays loaded) and
+    send it one streamed request. Returns those requests' latencies (seconds)."""
     from sglang_cpu_devsupport import serving
 
     latencies, wait = [], first
     while not stop.wait(wait):
-        serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": CHURNED}, timeout=600)
-        serving.post_json(f"{url}/load_lora_adapter", {"lora_name": CHURNED, "lora_path": str(path)}, timeout=600)
+        if reload:
+            serving.post_json(f"{url}/unload_lora_adapter", {"lora_name": CHURNED}, timeout=600)
+            serving.post_json(f"{url}/load_lora_adapter", {"lora_name": CHURNED, "lora_path": str(path)}, timeout=600)
         latencies.append(streamed_generate(url, [5] * prompt_len, CHURNED, new_tokens)["latency"])
         wait = every
     return latencies
@@ -198,12 +201,13 @@ def churn(
 
 def run_workload(
     url: str, loaded: int, in_flight: int, requests: int, prompt_len: int, new_tokens: int, seed: int,
-    churn_every: float = 0.0, churn_path: Optional[Path] = None, churn_first: float = 0.1,
+    churn_every: float = 0.0, churn_path: Optional[Path] = None, churn_first: float = 0.1, churn_reload: bool = True,
 ) -> dict:
     """N = ``requests`` streamed requests over the first ``loaded`` adapters (a seeded random
     choice of min(N, loaded) distinct ones, cycled), ``in_flight`` at a time; with
     ``churn_every`` > 0, :func:`churn` of :data:`CHURNED` (loaded from ``churn_path``) meanwhile,
-    its first reload ``churn_first`` seconds after the workload starts.
+    its first reload ``churn_first`` seconds after the workload starts (``churn_reload`` False:
+    its requests alone, the adapter left loaded).
     Returns the row's timings and ``samples``: ``(input ids, adapter, output ids)`` per request."""
     rng = random.Random(seed)
     chosen = rng.sample(range(loaded), min(requests, loaded))
@@ -214,7 +218,7 @@ def run_workload(
     stop = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight + 1) as pool:
         churned = (
-            pool.submit(churn, url, churn_path, churn_every, stop, prompt_len, new_tokens, churn_first)
+            pool.submit(churn, url, churn_path, churn_every, stop, prompt_len, new_tokens, churn_first, churn_reload)
             if churn_every > 0 else None
         )
         start = time.perf_counter()
@@ -291,6 +295,7 @@ def run_backend(backend: str, paths: dict, args, env: dict, reference) -> list[d
                 timings = run_workload(
                     url, loaded, c, args.requests, args.prompt_len, args.new_tokens, seed=1000 * k + c,
                     churn_every=args.churn, churn_path=paths[CHURNED], churn_first=args.churn_first,
+                    churn_reload=not args.churn_no_reload,
                 )
                 samples += [(backend, loaded, c, *sample) for sample in timings.pop("samples")]
                 row = {
@@ -328,6 +333,41 @@ def import_devsupport() -> None:
         sys.path.append(str(DEVSUPPORT))
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Time to first token (p50, log scale) and tokens per second against K, one line per backend
+    and C (in flight), the slot count S marked: the step just past S is the admission wait
+    (docs/sizing.md). Written to ``path`` (PNG); skipped where matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU machine: plot later with --plot-only
+        print("matplotlib is not installed; skipping the plot")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ttft, rate) = plt.subplots(1, 2, figsize=(12, 4.5))
+    lines = sorted({(r["backend"], r["in_flight"], r["slots"]) for r in rows})
+    for backend, in_flight, slots in lines:
+        chosen = sorted((r for r in rows if (r["backend"], r["in_flight"], r["slots"]) == (backend, in_flight, slots)), key=lambda r: r["adapters"])
+        ks = [r["adapters"] for r in chosen]
+        label = f"{backend}, {in_flight} in flight, {slots} slots"
+        ttft.plot(ks, [r["ttft_p50_s"] for r in chosen], "o-", label=label)
+        rate.plot(ks, [r["tok_s"] for r in chosen], "o-", label=label)
+    for slots in sorted({r["slots"] for r in rows}):
+        for ax in (ttft, rate):
+            ax.axvline(slots, color="0.6", ls="--", lw=1)
+    for ax, title in ((ttft, "time to first token, p50 (s)"), (rate, "tokens per second")):
+        ax.set_xscale("log")
+        ax.set_xlabel("adapters loaded (K); dashed: the slot count S")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    ttft.set_yscale("log")
+    rate.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapters", type=int, nargs="+", default=[8, 32, 1000], help="K values, loaded in turn")
@@ -344,12 +384,19 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help=f"unload, load and use {CHURNED} every SECONDS during the timed workloads (0: off)")
     parser.add_argument("--churn-first", type=float, default=0.1, metavar="SECONDS",
                         help="with --churn: the first reload this long after each workload starts (default 0.1)")
+    parser.add_argument("--churn-no-reload", action="store_true",
+                        help=f"with --churn: send {CHURNED} its requests without unloading and loading it (it stays "
+                        "loaded): what one more adapter in the batches costs, apart from the reload")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="further sglang serve settings (Engine argument names)")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--log-dir", type=Path, default=None, help="the servers' logs (default: ARTIFACTS/scale-logs)")
     parser.add_argument("--quick", action="store_true", help="K 2 and 3 over 2 slots, C 2, 4 requests of 4 tokens: the smoke run")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--plot-only", type=Path, metavar="RESULT_JSON", help="redraw the plot of an existing result")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
+        return
     args.set = dict(item.split("=", 1) for item in args.set)
     if args.quick:
         args.adapters, args.slots, args.in_flight, args.requests = [2, 3], 2, [2], 4
@@ -384,6 +431,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     extra = {"settings": {**settings, "backends": list(backends)}, "load_average": {"before": load_before, "after": os.getloadavg()},
              "failed": failed}
     write(name, rows, columns, args.out, extra=extra)
+    if rows:
+        plot(rows, Path(args.out) / f"{name}.png")
     if not rows:
         sys.exit(f"[scale] no backend ran: {failed}")
 

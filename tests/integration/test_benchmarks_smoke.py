@@ -108,3 +108,16 @@ def test_scale_reloads_inside_every_workload_not_only_the_long_ones(monkeypatch)
         stop.set()  # ends the churn thread whatever happened (it would otherwise wait out --churn)
         worker.join(60)
     assert calls[:2] == ["unload_lora_adapter", "load_lora_adapter"] and calls[-1] == [0.5]
+
+    # --churn-no-reload: the churned adapter's requests alone, no unload or load.
+    calls.clear()
+    stop = threading.Event()
+    reloaded.clear()
+    worker = threading.Thread(target=lambda: calls.append(scale.churn("http://x", None, 3600.0, stop, 4, 2, first=0.0, reload=False)))
+    worker.start()
+    try:
+        assert reloaded.wait(60), "no request before --churn seconds"
+    finally:
+        stop.set()
+        worker.join(60)
+    assert calls == [[0.5]]
