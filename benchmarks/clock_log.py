@@ -4,7 +4,9 @@ A long prefill batch can hold an H200 at its power cap (about 700 W): the driver
 clock (``clocks_event_reasons.active`` bit ``0x4``, software power cap), and the time of a timed
 block depends on what ran just before it. :class:`ClockLog` records the samples to a CSV file, and
 :meth:`ClockLog.window` sums up one time window of them, so that a benchmark row can say at which
-clock and how much of the time capped it was measured.
+clock and how much of the time capped it was measured. ``power.draw`` is what ``nvidia-smi``
+reports under that name (on recent drivers an average over about a second), so a short window
+can carry some of the work before it.
 
     with ClockLog(Path("layer-cuda-clocks.csv"), enabled=device.type == "cuda") as clocks:
         started = datetime.now()
@@ -18,11 +20,13 @@ Without ``nvidia-smi`` on the PATH (CPU, XPU) or with ``enabled`` False it recor
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
 from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 #: ``nvidia-smi --query-gpu`` fields, in the order :func:`read_samples` parses them.
 QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
@@ -61,20 +65,29 @@ def summarise(samples: list[tuple[datetime, float, float, int]], start: datetime
     }
 
 
-class ClockLog:
-    """``nvidia-smi`` writing :data:`QUERY` every ``interval_ms`` to ``path`` while the context is
-    open (module docstring)."""
+def physical_gpu(index: int) -> str:
+    """``nvidia-smi -i``'s name of the process's CUDA device ``index``: its entry in
+    ``CUDA_VISIBLE_DEVICES`` (an index or a UUID) where that is set, ``index`` otherwise."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
-    def __init__(self, path: Path, *, enabled: bool = True, interval_ms: int = 50):
+
+class ClockLog:
+    """``nvidia-smi`` writing :data:`QUERY` of GPU ``gpu`` (:func:`physical_gpu`) every
+    ``interval_ms`` to ``path`` while the context is open (module docstring)."""
+
+    def __init__(self, path: Path, *, enabled: bool = True, gpu: str = "0", interval_ms: int = 50):
         self.path = Path(path)
         self.enabled = enabled and shutil.which("nvidia-smi") is not None
+        self.gpu = gpu
         self.interval_ms = interval_ms
         self.process = None
+        self._samples: Optional[list] = None
 
     def __enter__(self) -> "ClockLog":
         if self.enabled:
             self.process = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                ["nvidia-smi", f"--id={self.gpu}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                  f"--loop-ms={self.interval_ms}", f"--filename={self.path}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
@@ -88,8 +101,10 @@ class ClockLog:
 
     def window(self, start: datetime, end: datetime) -> dict:
         """:func:`summarise` of the samples from ``start`` to ``end`` (local times from
-        ``datetime.now()``); ``{}`` when nothing is recorded. Call it after the context closed:
-        ``nvidia-smi`` may hold samples in its buffer until then."""
+        ``datetime.now()``); ``{}`` when nothing is recorded. Call it after the context closed
+        (``nvidia-smi`` may hold samples in its buffer until then); the file is read once."""
         if not self.enabled or not self.path.is_file():
             return {}
-        return summarise(read_samples(self.path), start, end)
+        if self._samples is None:
+            self._samples = read_samples(self.path)
+        return summarise(self._samples, start, end)

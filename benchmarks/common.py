@@ -141,7 +141,7 @@ def replay_time(fn: Callable[[], object], device: torch.device, *, calls: int = 
 
 def balanced_orders(count: int) -> list[list[int]]:
     """Orders of ``count`` items, one per round, in which each item holds each place equally often
-    and follows each other item equally often: a Williams design (E. J. Williams, "Experimental
+    and, within the rounds, directly follows each other item equally often: a Williams design (E. J. Williams, "Experimental
     designs balanced for the estimation of residual effects of treatments", Aust. J. Sci. Res. A 2,
     1949), ``count`` rounds for an even count, ``2 * count`` (the rows and their mirrors) for an odd one.
     """
@@ -160,8 +160,10 @@ def interleaved_replay_times(
     of every callable in turn (device events around them on a CUDA or XPU GPU, so nothing waits for
     the host between calls; a host clock after a synchronize on CPU). The orders of the rounds are a
     Williams design (:func:`balanced_orders`), ``rounds`` rounded up to whole designs: each callable
-    holds each place in a round equally often and follows each other callable equally often, so a
-    drift of the device's speed over a point (clocks, heat) falls on every callable alike. The
+    holds each place in a round equally often and, within a round, directly follows each other
+    callable equally often (a round's first block follows the previous round's last one, which
+    the design does not balance), so a drift of the device's speed over a point (clocks, heat)
+    falls on every callable alike. The
     predecessor matters where the device runs at its power cap (an H200 at 8192 prefill tokens,
     :mod:`benchmarks.clock_log`): a block right after a slow, low-power one starts at a higher
     clock, and with the order only rotated each path always follows the same one.

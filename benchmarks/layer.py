@@ -29,7 +29,8 @@ place, and after each other path, equally often); median and spread (slowest - f
 median). So a drift of the GPU's speed over a point falls on every path alike (timed one path
 after the other, the H200's figures moved by up to 10 % with the order of the paths; at 8192
 prefill tokens, where the H200 runs at its power cap, ``triton_v2`` read 5.5 ms per layer when
-always timed right after the slow ``csgmv``, 6.1 ms right after the base GEMMs: docs/performance.md). The first path of a point rotates by one per point (``--order-offset`` shifts it,
+always timed right after the slow ``csgmv``, 6.1 ms mostly right after the base GEMMs:
+docs/performance.md). The first path of a point rotates by one per point (``--order-offset`` shifts it,
 one per run). What a layer's time is made of, per path: :mod:`benchmarks.layer_profile`.
 Per-forward work stays out: ``prepare_lora_batch`` (once per forward in a
 server) is not timed; ``triton_v2`` builds its route in the first LoRA layer of a forward, so its
@@ -52,10 +53,11 @@ base), ``best_peer`` (the fastest of ``triton``, ``csgmv``, ``triton_v2`` at the
 routes every request to the pool's base slot (rank 0), as SGLang does; ``triton_v2`` then runs no
 LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-LoRA graph for it).
 On a CUDA GPU with ``nvidia-smi``, each point also records the GPU's median SM clock (``sm_mhz``),
-largest power draw (``power_w``) and share of samples at the power cap (``power_capped``) while it
-was timed (:mod:`benchmarks.clock_log`; samples in ``layer-<device>-clocks.csv``).
+largest power draw (``power_w``) and share of samples at the power cap (``power_capped``) from
+``timed_from`` to ``timed_to`` (:mod:`benchmarks.clock_log`; samples in ``layer-<device>-clocks.csv``;
+per run: ``--best-of`` does not merge them).
 
-    python -m benchmarks.layer --device cuda            # the H200 grid (about 8 minutes)
+    python -m benchmarks.layer --device cuda            # the H200 grid (8 minutes with rotated rounds; more with whole designs)
     python -m benchmarks.layer --device xpu             # an Intel GPU (the kit runs it)
     python -m benchmarks.layer --quick                  # CPU smoke run: tiny layer, torch paths
     python -m benchmarks.layer --plot-only benchmarks/results/layer-cuda.json
@@ -91,7 +93,7 @@ from benchmarks.common import (
     interleaved_replay_times,
     write,
 )
-from benchmarks.clock_log import ClockLog
+from benchmarks.clock_log import ClockLog, physical_gpu
 from benchmarks.ops import MAX_LORAS, TINY, Case, kernels_env, reference_output
 
 #: SGLang's LoRA backends measured as peers; the best of the first three is the target.
@@ -427,7 +429,8 @@ def measure_point(
     """``<path>_us``, ``_spread`` and ``_error`` of each of ``paths`` at one point, timed together
     (:func:`benchmarks.common.interleaved_replay_times`, in the order of ``paths``), ``ref`` from
     :func:`reference` (``<path>_failed`` where a path raises or misses ``--tolerance``; a raise
-    while timing fails every path of the point)."""
+    while timing fails every path of the point), and ``timed_from`` / ``timed_to``, the local
+    times (ISO) around the timed calls, which the point's clocks cover."""
     result, ready = {}, {}
     for path in paths:
         if path != "base" and server.backends.get(path) is None:
@@ -443,9 +446,11 @@ def measure_point(
         (args.prefill_calls, args.prefill_rounds) if mode == "prefill" else (args.calls, args.rounds)
     )
     try:
+        timed_from = datetime.now()
         times = interleaved_replay_times(
             {path: call for path, (call, _) in ready.items()}, server.device, calls=calls, rounds=rounds
         )
+        result.update(timed_from=timed_from.isoformat(), timed_to=datetime.now().isoformat())
     except Exception as exc:
         return {**result, **{f"{path}_failed": f"{type(exc).__name__}: {str(exc)[:300]}" for path in ready}}
     tolerance = args.tolerance or TOLERANCE[server.dtype]
@@ -519,8 +524,8 @@ def run(args) -> list[dict]:
     partial = Path(args.out) / f"{args.name}.partial.jsonl"
     partial.unlink(missing_ok=True)
     args.cut_short = 0
-    windows = []  # (row, start, end) of each point's timing, for its clocks
-    with ClockLog(Path(args.out) / f"{args.name}-clocks.csv", enabled=device.type == "cuda") as clocks:
+    gpu = physical_gpu(torch.cuda.current_device()) if device.type == "cuda" else "0"
+    with ClockLog(Path(args.out) / f"{args.name}-clocks.csv", enabled=device.type == "cuda", gpu=gpu) as clocks:
         for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
             if time.perf_counter() - started > args.budget_seconds:
                 args.cut_short = len(points) - index
@@ -569,16 +574,15 @@ def run(args) -> list[dict]:
                 path for path in paths[first:] + paths[:first]
                 if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
             ]
-            timed_from = datetime.now()
             row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
-            windows.append((row, timed_from, datetime.now()))
             summarise(row, paths)
             rows.append(row)
             print(_line(row, paths), flush=True)
             with open(partial, "a") as handle:  # survives a timeout
                 handle.write(json.dumps(row) + "\n")
-    for row, begin, end in windows:  # the log is closed: every sample is on disk
-        row.update(clocks.window(begin, end))
+    for row in rows:  # the log is closed: every sample is on disk
+        if "timed_from" in row:
+            row.update(clocks.window(datetime.fromisoformat(row["timed_from"]), datetime.fromisoformat(row["timed_to"])))
     args.paths_run = paths
     return rows
 
@@ -850,6 +854,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "graph_max_bs": GRAPH_MAX_BS,
         "calls": args.calls,
         "rounds": args.rounds,
+        "order": "williams",  # rounds rounded up to whole designs: 2n for an odd n of paths, n for an even n
         "order_offset": args.order_offset,
         "prefill_calls": args.prefill_calls,
         "prefill_rounds": args.prefill_rounds,

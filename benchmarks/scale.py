@@ -22,7 +22,8 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
   those requests count in the slowest latency and in ``latency_p99_s`` (the 99th percentile of all
   latencies), ``reloads`` counts the rounds, and ``tail_s`` = slowest - p99 (the issue's target: at
   most 1 s, in 5 repeated runs); ``--churn-no-reload`` sends the same requests to ``scale-churn``
-  left loaded, which tells what a reload costs from what one more adapter in the batches costs;
+  left loaded (``reloads`` 0, ``churn_requests`` the rounds), which tells what a reload costs from
+  what one more adapter in the batches costs;
 * the machine's 1-minute load average when the row's workload ended (``load_1m``; the run's
   load averages before and after go into the JSON);
 * the time of each ``/load_lora_adapter`` (median and max, ms, of the loads that took K to its
@@ -234,7 +235,8 @@ def run_workload(
         "latency_p99_s": percentile(latencies, 0.99),
         "latency_max_s": max(latencies),
         "tail_s": max(latencies) - percentile(latencies, 0.99),
-        "reloads": len(reloaded),
+        "reloads": len(reloaded) if churn_reload else 0,
+        "churn_requests": len(reloaded),
         "tok_s": requests * new_tokens / wall,
         "samples": [(ids, lora, r["output_ids"]) for (ids, lora), r in zip(work, results)],
     }
@@ -394,6 +396,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--plot-only", type=Path, metavar="RESULT_JSON", help="redraw the plot of an existing result")
     args = parser.parse_args(argv)
+    if args.churn_no_reload and not args.churn:
+        parser.error("--churn-no-reload needs --churn SECONDS (how often the churned adapter gets its request)")
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text())["rows"], args.plot_only.with_suffix(".png"))
         return

@@ -67,6 +67,7 @@ def test_scale(tmp_path, tiny_artifacts):
         checked = [r for r in rows if r["backend"] == backend]
         assert sum(r["checked"] for r in checked) == 2, checked
         assert all(r["exact"] == r["checked"] for r in checked), checked
+    assert (tmp_path / "scale-cpu-quick.png").stat().st_size > 0  # the plot
 
 
 @pytest.mark.launches
@@ -121,3 +122,17 @@ def test_scale_reloads_inside_every_workload_not_only_the_long_ones(monkeypatch)
         stop.set()
         worker.join(60)
     assert calls == [[0.5]]
+
+    # The workload hands the mode to the churn thread, and the option is refused without --churn.
+    seen = {}
+
+    def churn(url, path, every, stop, prompt_len, new_tokens, first, reload):
+        seen["reload"] = reload
+        return []
+
+    monkeypatch.setattr(scale, "churn", churn)
+    monkeypatch.setattr(scale, "streamed_generate", lambda url, ids, lora, new_tokens: {"ttft": 0.1, "latency": 0.2, "output_ids": [1]})
+    row = scale.run_workload("http://x", 2, 2, 2, 4, 1, seed=0, churn_every=1.0, churn_reload=False)
+    assert seen == {"reload": False} and row["reloads"] == 0 and row["churn_requests"] == 0
+    with pytest.raises(SystemExit):
+        scale.main(["--churn-no-reload"])

@@ -231,6 +231,7 @@ def test_a_point_measures_its_paths_together_and_fails_only_the_wrong_one():
     assert row["torch_native_error"] < 1e-4 and "torch_native_failed" not in row
     assert row["base_error"] < 1e-4 and row["base_us"] > 0
     assert row["triton_failed"] == "not built"
+    assert row["timed_from"] < row["timed_to"]  # the window the point's clocks cover (ISO local times)
 
 
 def test_layer_profile_splits_kernels_into_calls_and_drops_the_first():
@@ -272,3 +273,45 @@ def test_clock_log_summarises_the_samples_of_a_points_window(tmp_path):
     with ClockLog(tmp_path / "none.csv", enabled=False) as clocks:
         pass
     assert clocks.window(datetime(2026, 1, 1), datetime(2027, 1, 1)) == {}
+
+
+def test_clock_log_runs_nvidia_smi_on_the_devices_gpu_and_reads_its_samples_after_closing(tmp_path, monkeypatch):
+    """The command line ``ClockLog`` starts (the GPU by ``-i``, the query, the loop, the file) and
+    a window read after the log closed, through a stand-in ``nvidia-smi`` on the PATH that writes
+    samples as the real one does. ``CUDA_VISIBLE_DEVICES`` maps the process's device to the GPU."""
+    import sys
+    import time
+    from datetime import datetime
+
+    from benchmarks.clock_log import QUERY, ClockLog, physical_gpu
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, time, datetime\n"
+        f"open({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+        "out = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--filename='))\n"
+        "with open(out, 'w') as f:\n"
+        "    while True:\n"
+        "        f.write(datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3] + ', 1500, 690.5, 0x0000000000000004\\n')\n"
+        "        f.flush()\n"
+        "        time.sleep(0.02)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert physical_gpu(1) == "5" and physical_gpu(0) == "3"
+    with ClockLog(tmp_path / "clocks.csv", gpu=physical_gpu(1)) as clocks:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "clocks.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        start = datetime.now()
+        time.sleep(0.3)
+        end = datetime.now()
+    assert (tmp_path / "argv").read_text().split() == [
+        "--id=5", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "--loop-ms=50", f"--filename={tmp_path / 'clocks.csv'}"
+    ]
+    window = clocks.window(start, end)
+    assert window["sm_mhz"] == 1500 and window["power_w"] == 690.5 and window["power_capped"] == 1.0
+    assert 5 <= window["clock_samples"] <= 20
