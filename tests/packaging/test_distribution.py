@@ -13,13 +13,17 @@ without build isolation, with the environment's setuptools, as distributions bui
 - the sdist holds every tracked file but the CI hook (so the tests can run from it);
 - the wheel is byte-for-byte reproducible under ``SOURCE_DATE_EPOCH``; the sdist's files and
   contents are (setuptools does not apply ``SOURCE_DATE_EPOCH`` to sdists, pypa/setuptools#2133);
+- the wheel holds every file of the sdist's ``src/sglang_xpu_lora/`` (every module, ``py.typed``, the
+  plan tables in ``dense/configs/``), and nothing else but its metadata;
 - the wheel, installed with ``--no-deps --no-index`` into a fresh virtual environment that sees this
   environment's torch, SGLang and test stack but neither this checkout nor ``devsupport``, is what
-  the non-e2e tests of the unpacked sdist import, and those tests pass there with networking off
-  (a network namespace; only loopback is up) and the sdist's ``devsupport`` installed into a
-  directory named on ``PYTHONPATH`` (for the tests only): all of them but those marked
-  ``launches`` (SGLang in fresh processes, most of their time; the main run has them), and of
-  those a sample (``LAUNCHES_SAMPLE``).
+  the non-e2e tests of the unpacked sdist import, with networking off (a network namespace; only
+  loopback is up) and the sdist's ``devsupport`` installed into a directory named on
+  ``PYTHONPATH`` (for the tests only): every non-e2e test collects there (each module imports,
+  against the wheel) exactly as in this checkout, and those that exercise what differs between
+  the wheel and the editable checkout (``WHEEL_SAMPLE``) pass there, as do a sample of those
+  marked ``launches`` (``LAUNCHES_SAMPLE``). The run from the checkout runs them all, on the same
+  files (``test_sdist_holds_every_project_file``).
 
 Marked ``e2e``, so ``-m "not e2e"`` (and the nested run itself) skips it.
 """
@@ -65,6 +69,31 @@ LAUNCHES_SAMPLE = (
     "tests/integration/test_startup_refusals.py::test_the_real_engine_raises_in_the_caller_before_reading_the_weights",
     "tests/integration/test_startup_refusals.py::test_sglang_serve_ends_with_the_message_alone",
     "tests/integration/test_tensor_parallel.py::test_lora_layers_sharded_over_tp2_match_unsharded[portable]",
+)
+#: The other non-e2e tests that run from the sdist: those of what the installed wheel (and the dev
+#: shims installed with ``--target``) gives that the editable checkout does not show. Every other
+#: non-e2e test is only collected there (its module imports against the wheel, its parameters come
+#: out as in this checkout): the run from the checkout runs it on the same files.
+WHEEL_SAMPLE = (
+    # package data: the plan tables shipped in dense/configs/*.plans.json, read from the wheel
+    "tests/unit/test_dense_tier.py::test_the_shipped_tables_load",
+    # the wheel's sglang.lora_backends entry point, loaded with torch and SGLang blocked; the leaf
+    # modules (the sglang.srt.plugins target among them) import from the wheel alone
+    "tests/unit/test_import_layers.py::test_entry_point_target_imports_without_torch_or_sglang",
+    "tests/unit/test_import_layers.py::test_leaves_import_without_torch_or_sglang",
+    # the distribution's metadata: --version reads the wheel's, pip check holds this environment
+    # (the wheel's requirements included) to SGLang's pins
+    "tests/integration/test_doctor_cli.py::test_version",
+    "tests/integration/test_cpu_env.py::test_pip_check_reports_only_the_absent_sglang_dependencies",
+    # doctor in an isolated interpreter that sees site-packages (the wheel is a directory there, not
+    # an editable finder) with torch or SGLang hidden
+    "tests/integration/test_doctor_cli.py::test_missing_host_package_gives_a_message_not_a_traceback",
+    "tests/integration/test_doctor_cli.py::test_the_isolated_view_still_runs_doctor_when_nothing_is_hidden",
+    # SGLang's own plugin loading in this process, through the wheel's sglang.srt.plugins entry
+    # point and the dev shims' (the stub sgl_kernel, from PYTHONPATH), as doctor reports them
+    "tests/integration/test_doctor.py::test_no_build",
+    # a Hub id at argument validation with networking off: left to SGLang, nothing fetched
+    "tests/integration/test_adapter_paths.py::test_a_hub_id_is_left_to_sglang",
 )
 
 
@@ -178,6 +207,18 @@ def test_wheel_metadata_and_contents(dist):
     assert "sglang-xpu-lora = sglang_xpu_lora.doctor:main" in entry_points
 
 
+def test_wheel_holds_every_file_of_the_package(dist):
+    """Every module and data file of the sdist's package is in the wheel (a subpackage without an
+    ``__init__.py``, or data outside ``package-data``, would be missing there and only there)."""
+    sdist, wheel, _, _ = dist
+    with tarfile.open(sdist) as archive:  # NAME-VERSION/src/NAME/...
+        package = {m.name.split("/", 2)[2] for m in archive.getmembers() if m.isfile() and m.name.split("/")[1:3] == ["src", NAME]}
+    with zipfile.ZipFile(wheel) as archive:
+        built = {name for name in archive.namelist() if name.startswith(f"{NAME}/")}
+    assert built == package
+    assert {f"{NAME}/py.typed", f"{NAME}/dense/configs/sm90.plans.json"} <= built
+
+
 def test_sdist_holds_every_project_file(dist):
     sdist, _, _, _ = dist
     with tarfile.open(sdist) as archive:
@@ -229,7 +270,7 @@ def fresh_python(dist, tmp_path_factory) -> Path:
     return python
 
 
-def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path):
+def test_sdist_tests_collect_and_the_samples_pass_offline(dist, fresh_python, tmp_path):
     _, _, unpacked, _ = dist
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_XPU_LORA", "PYTHON"))}
     env.update(SGLANG_USE_CPU_ENGINE="1", TMPDIR=str(tmp_path))
@@ -258,17 +299,47 @@ def test_non_e2e_tests_pass_from_the_sdist_offline(dist, fresh_python, tmp_path)
     assert probe[2] == "['cpu_pin_memory_shim', 'intel_xpu_lora', 'lora_pool_snapshot', 'nan_adapter_slot', 'no_leftovers', 'sgl_kernel_emulator']", probe
     assert probe[3].startswith("offline") or not offline, probe
 
-    summaries = {}
-    for name, selection in (("rest", ["-m", "not e2e and not launches"]), ("sample", LAUNCHES_SAMPLE)):
-        log = tmp_path / f"pytest-{name}.log"
-        with open(log, "w") as out:
-            result = subprocess.run(
-                [*offline, fresh_python, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "-o", "addopts="],
-                cwd=unpacked, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=1500,
-            )
-        text = log.read_text()
-        assert result.returncode == 0, text[-6000:]
-        summaries[name] = [line for line in text.splitlines() if re.match(r"\d+ (passed|failed)", line)][-1]
-    # None skipped; the sample's tests all found.
-    assert re.fullmatch(r"\d+ passed, \d+ deselected(, \d+ warnings?)? in .*", summaries["rest"]), summaries
-    assert re.fullmatch(rf"{len(LAUNCHES_SAMPLE)} passed(, \d+ warnings?)? in .*", summaries["sample"]), summaries
+    # Every non-e2e test collects from the sdist against the wheel as it does in this checkout
+    # (each module imports; nothing skipped, no parameter lost); this checkout's collection meanwhile.
+    collect = ["-m", "pytest", "--collect-only", "-q", "-m", "not e2e", "-p", "no:cacheprovider", "-o", "addopts="]
+    here = subprocess.Popen([sys.executable, *collect], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        there = subprocess.run([*offline, fresh_python, *collect], cwd=unpacked, env=env, capture_output=True, text=True, timeout=600)
+        here_out = here.communicate(timeout=600)[0]
+    finally:
+        here.kill()
+        here.wait()
+    assert there.returncode == 0, there.stdout[-6000:] + there.stderr[-3000:]
+    assert here.returncode == 0, here_out[-6000:]
+    collected = collected_ids(there.stdout)
+    assert collected == collected_ids(here_out), "the sdist collects other tests than this checkout"
+    selection = (*WHEEL_SAMPLE, *LAUNCHES_SAMPLE)
+    assert [s for s in selection if not any(selected(t, s) for t in collected)] == []
+
+    # The samples pass there (a node id not found, a skip, a failure would show in the summary).
+    log = tmp_path / "pytest-samples.log"
+    with open(log, "w") as out:
+        result = subprocess.run(
+            [*offline, fresh_python, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+            cwd=unpacked, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=1500,
+        )
+    text = log.read_text()
+    assert result.returncode == 0, text[-6000:]
+    summary = [line for line in text.splitlines() if re.match(r"\d+ (passed|failed)", line)][-1]
+    expected = sum(any(selected(t, s) for s in selection) for t in collected)
+    assert re.fullmatch(rf"{expected} passed(, \d+ warnings?)? in .*", summary), (expected, summary)
+
+
+def collected_ids(collect_only_output: str) -> list[str]:
+    """The test ids that ``pytest --collect-only -q`` lists, sorted; its summary line checked to
+    report no error or skipped module."""
+    ids = sorted(line for line in collect_only_output.splitlines() if re.match(r"tests/\S+\.py::", line))
+    (summary,) = [line for line in collect_only_output.splitlines() if re.search(r"\d+ tests? collected", line)]
+    assert re.fullmatch(rf"{len(ids)}/\d+ tests collected \(\d+ deselected\)(, \d+ warnings?)? in .*", summary), summary
+    return ids
+
+
+def selected(test_id: str, selection: str) -> bool:
+    """Whether the pytest argument ``selection`` (a node id, or a test function of parametrized ids)
+    selects ``test_id``."""
+    return test_id == selection or test_id.startswith(f"{selection}[")
