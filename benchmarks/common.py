@@ -139,11 +139,26 @@ def replay_time(fn: Callable[[], object], device: torch.device, *, calls: int = 
     return interleaved_replay_times({"fn": fn}, device, calls=calls, rounds=rounds)["fn"]
 
 
+def headless_pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display), or None where matplotlib
+    is not installed (a bare GPU machine: the benchmarks plot later with ``--plot-only``)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed; skipping the plot")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def balanced_orders(count: int) -> list[list[int]]:
     """Orders of ``count`` items, one per round, in which each item holds each place equally often
-    and, within the rounds, directly follows each other item equally often: a Williams design (E. J. Williams, "Experimental
-    designs balanced for the estimation of residual effects of treatments", Aust. J. Sci. Res. A 2,
-    1949), ``count`` rounds for an even count, ``2 * count`` (the rows and their mirrors) for an odd one.
+    and, within the rounds, directly follows each other item equally often: a Williams design
+    (E. J. Williams, "Experimental designs balanced for the estimation of residual effects of
+    treatments", Aust. J. Sci. Res. A 2, 1949), ``count`` rounds for an even count, ``2 * count``
+    (the rows and their mirrors) for an odd one.
     """
     first = [0]
     for step in range(1, count):
@@ -163,10 +178,10 @@ def interleaved_replay_times(
     holds each place in a round equally often and, within a round, directly follows each other
     callable equally often (a round's first block follows the previous round's last one, which
     the design does not balance), so a drift of the device's speed over a point (clocks, heat)
-    falls on every callable alike. The
-    predecessor matters where the device runs at its power cap (an H200 at 8192 prefill tokens,
-    :mod:`benchmarks.clock_log`): a block right after a slow, low-power one starts at a higher
-    clock, and with the order only rotated each path always follows the same one.
+    falls on every callable alike. The predecessor matters where the device runs at its power
+    cap (an H200 at 8192 prefill tokens, :mod:`benchmarks.clock_log`): a block right after a slow,
+    low-power one starts at a higher clock, and with the order only rotated each path always
+    follows the same one.
 
     Returns ``{name: (median, spread)}``: the median over the rounds of each round's time per call,
     and the rounds' (slowest - fastest) / median.

@@ -90,6 +90,7 @@ from benchmarks.common import (
     RESULTS,
     ModelShape,
     capture,
+    headless_pyplot,
     interleaved_replay_times,
     write,
 )
@@ -524,65 +525,60 @@ def run(args) -> list[dict]:
     partial = Path(args.out) / f"{args.name}.partial.jsonl"
     partial.unlink(missing_ok=True)
     args.cut_short = 0
-    gpu = physical_gpu(torch.cuda.current_device()) if device.type == "cuda" else "0"
-    with ClockLog(Path(args.out) / f"{args.name}-clocks.csv", enabled=device.type == "cuda", gpu=gpu) as clocks:
-        for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
-            if time.perf_counter() - started > args.budget_seconds:
-                args.cut_short = len(points) - index
-                print(
-                    f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run",
-                    flush=True,
-                )
-                break
-            key = (model, max_rank)
-            if key not in servers:
-                servers.clear()  # one server at a time: its graphs' memory goes with it
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                shape = TINY if model == "tiny" else MODELS[model]
-                servers[key] = Server(shape, max_rank, paths, dtype, device, args)
-                args.backend_failures = {
-                    **getattr(args, "backend_failures", {}),
-                    **servers[key].failures,
-                }
-                args.intel_xpu_providers = {
-                    **getattr(args, "intel_xpu_providers", {}),
-                    **providers(servers[key]),
-                }
-                args.intel_xpu_dense = {
-                    **getattr(args, "intel_xpu_dense", {}),
-                    **dense_tiers(servers[key]),
-                }
-            server = servers[key]
-            case_mode = "decode" if mode in ("graph", "eager") else "prefill"
-            case = Case(
-                server.model,
-                max_rank,
-                max(adapters, 1),
-                tokens,
-                case_mode,
-                dtype,
-                device,
-                real_rank=rank or max_rank,
+    for index, (model, mode, max_rank, rank, adapters, tokens) in enumerate(points):
+        if time.perf_counter() - started > args.budget_seconds:
+            args.cut_short = len(points) - index
+            print(
+                f"budget of {args.budget_seconds:.0f} s spent: {args.cut_short} points not run",
+                flush=True,
             )
-            ref = reference(server, case, adapters)
-            row = dict(
-                model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
-            )
-            first = (index + args.order_offset) % len(paths)
-            point_paths = [
-                path for path in paths[first:] + paths[:first]
-                if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
-            ]
-            row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
-            summarise(row, paths)
-            rows.append(row)
-            print(_line(row, paths), flush=True)
-            with open(partial, "a") as handle:  # survives a timeout
-                handle.write(json.dumps(row) + "\n")
-    for row in rows:  # the log is closed: every sample is on disk
-        if "timed_from" in row:
-            row.update(clocks.window(datetime.fromisoformat(row["timed_from"]), datetime.fromisoformat(row["timed_to"])))
+            break
+        key = (model, max_rank)
+        if key not in servers:
+            servers.clear()  # one server at a time: its graphs' memory goes with it
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            shape = TINY if model == "tiny" else MODELS[model]
+            servers[key] = Server(shape, max_rank, paths, dtype, device, args)
+            args.backend_failures = {
+                **getattr(args, "backend_failures", {}),
+                **servers[key].failures,
+            }
+            args.intel_xpu_providers = {
+                **getattr(args, "intel_xpu_providers", {}),
+                **providers(servers[key]),
+            }
+            args.intel_xpu_dense = {
+                **getattr(args, "intel_xpu_dense", {}),
+                **dense_tiers(servers[key]),
+            }
+        server = servers[key]
+        case_mode = "decode" if mode in ("graph", "eager") else "prefill"
+        case = Case(
+            server.model,
+            max_rank,
+            max(adapters, 1),
+            tokens,
+            case_mode,
+            dtype,
+            device,
+            real_rank=rank or max_rank,
+        )
+        ref = reference(server, case, adapters)
+        row = dict(
+            model=model, mode=mode, max_rank=max_rank, rank=rank, adapters=adapters, tokens=tokens
+        )
+        first = (index + args.order_offset) % len(paths)
+        point_paths = [
+            path for path in paths[first:] + paths[:first]
+            if not (path == "torch_native" and mode == "graph" and tokens > args.torch_native_graph_max)
+        ]
+        row.update(measure_point(server, point_paths, case, mode, adapters, ref, args))
+        summarise(row, paths)
+        rows.append(row)
+        print(_line(row, paths), flush=True)
+        with open(partial, "a") as handle:  # survives a timeout
+            handle.write(json.dumps(row) + "\n")
     args.paths_run = paths
     return rows
 
@@ -697,13 +693,9 @@ def plot(
 ) -> None:
     """Graph-captured decode: layer time against tokens, one line per path, base GEMMs shaded as
     the floor; one panel per model."""
-    try:
-        import matplotlib
-    except ImportError:  # a bare GPU machine: plot later with --plot-only
-        print("matplotlib is not installed; skipping the plot")
+    plt = headless_pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     models = [m for m in dict.fromkeys(r["model"] for r in rows)]
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
@@ -847,7 +839,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.name = f"layer-{args.device}" + ("-quick" if args.quick else "")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    rows = run(args)
+    device = torch.device(args.device)
+    gpu = physical_gpu(torch.cuda.current_device()) if device.type == "cuda" else "0"
+    with ClockLog(Path(args.out) / f"{args.name}-clocks.csv", enabled=device.type == "cuda", gpu=gpu) as clocks:
+        rows = run(args)
+    for row in rows:  # the log is closed: every sample is on disk
+        if "timed_from" in row:
+            row.update(clocks.window(datetime.fromisoformat(row["timed_from"]), datetime.fromisoformat(row["timed_to"])))
     extra = {
         "paths": args.paths_run,
         "peers": list(PEERS),

@@ -64,7 +64,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, replay_time, time_call, write
+from benchmarks.common import GRAPH_DEVICES, MODELS, RESULTS, ModelShape, capture, headless_pyplot, replay_time, time_call, write
 from sglang_xpu_lora.providers import slice_layout, torch_ops, triton_ops
 
 MAX_LORAS = 8
@@ -565,14 +565,9 @@ def reference_output(case: Case, name: str) -> torch.Tensor:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Decode time per layer against tokens (Llama-3.1-8B, rank 16, 8 adapters), one line per path."""
-    try:
-        import matplotlib
-    except ImportError:  # e.g. a bare GPU machine: plot later with --plot-only
-        print("matplotlib is not installed; skipping the plot")
+    plt = headless_pyplot()
+    if plt is None:
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, style in (("portable_ms", "-o"), ("torch_native_ms", "--s"), ("triton_ms", ":^"), ("portable_graph_ms", "-x"),

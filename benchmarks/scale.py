@@ -39,8 +39,8 @@ adapters) that leaves one-time costs out of the timings. Recorded per (backend, 
 The adapters are one PEFT adapter built by ``sglang_cpu_devsupport.tiny_model`` (all linear
 modules of the tiny Llama, rank ``--rank``) and K - 1 copies of its files with fresh random weights
 (seeded by index), each a PEFT adapter that transformers + PEFT loads. ``--max-lora-rank`` is the
-adapters' rank. The JSON, Markdown and plot (:func:`plot`) go to ``benchmarks/results/scale-<device>.json`` / ``.md`` / ``.png``
-(``--out`` elsewhere; ``--quick``: a few seconds of serving, ``-quick`` in the name, the suite's
+adapters' rank. The JSON, Markdown and plot (:func:`plot`) go to
+``benchmarks/results/scale-<device>.json`` / ``.md`` / ``.png`` (``--out`` elsewhere; ``--quick``: a few seconds of serving, ``-quick`` in the name, the suite's
 smoke run ``tests/integration/test_benchmarks_smoke.py``).
 
 The issue's workload, on the CPU engine (about 10 minutes per backend on a quiet 2-core machine)::
@@ -79,7 +79,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.common import RESULTS, write
+from benchmarks.common import RESULTS, headless_pyplot, write
 
 #: Backends run by default: those that run on the device type.
 BACKENDS = {
@@ -339,13 +339,9 @@ def plot(rows: list[dict], path: Path) -> None:
     """Time to first token (p50, log scale) and tokens per second against K, one line per backend
     and C (in flight), the slot count S marked: the step just past S is the admission wait
     (docs/sizing.md). Written to ``path`` (PNG); skipped where matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:  # a bare GPU machine: plot later with --plot-only
-        print("matplotlib is not installed; skipping the plot")
+    plt = headless_pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, (ttft, rate) = plt.subplots(1, 2, figsize=(12, 4.5))
     lines = sorted({(r["backend"], r["in_flight"], r["slots"]) for r in rows})
