@@ -15,9 +15,11 @@ tokens: a call takes the row of the smallest measured count at or above its own)
 (the pool rank), and the linear's exact K and N. Calls outside the measured shapes fall through to
 SGLang's table (:class:`~sglang_xpu_lora.dense.plans.PlanTable`).
 
-Candidates (:func:`candidates`): decode: overlap ``a`` / ``ab_delta`` x shrink grouped split-K
-4/8/16, per-row, all-slots x expand grouped or per-row with ``BLOCK_SIZE_N`` 64/128 (all-slots:
-per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x grouped shrink split-K
+Candidates (:func:`candidates`, ``--candidates``): decode: overlap ``a`` / ``ab_delta`` x shrink
+grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with ``BLOCK_SIZE_N`` 64/128
+(all-slots: per-row expand only), route block 16; and the fused per-row kernel
+(:mod:`sglang_xpu_lora.dense.fused`), overlap ``none`` / ``ab_delta`` x ``BLOCK_SIZE_N`` 64/128/256 x
+``BLOCK_SIZE_K`` 64/128/256 x 4/8 warps; prefill: overlap ``none`` / ``a`` x grouped shrink split-K
 1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
 
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
@@ -26,6 +28,8 @@ per-row expand only), route block 16; prefill: overlap ``none`` / ``a`` x groupe
     python -m benchmarks.plan_sweep --quick --device xpu                # the tiny grid on a GPU (the kit's QUICK=1)
     bash benchmarks/run_plan_gpu.sh plan_sweep                          # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
+    python -m benchmarks.plan_sweep --candidates fused --phases decode --tokens 1 8 32 --out /tmp/f.json --results /tmp/f
+                                                                        # the fused kernel alone (then plan_refine --sweep /tmp/f/plan-sweep-cuda.json)
 
 The sweep times each linear alone; a whole layer can prefer other plans (the route a layer builds
 once serves several linears). Where the layer benchmark measured SGLang's own plans faster,
@@ -68,8 +72,10 @@ PREFILL_TOKENS = (512, 2048, 8192)
 POOL_RANKS = (64, 16)
 
 
-def candidates(phase: str, quick: bool = False) -> list[dict]:
-    """Plan specs (``DensePlan`` fields, JSON values) tried at a point of ``phase``."""
+def candidates(phase: str, quick: bool = False, families: str = "all") -> list[dict]:
+    """Plan specs (JSON values) tried at a point of ``phase``: ``DensePlan`` fields (SGLang's
+    kernels) and, in decode, the fused per-row kernel's (:class:`~sglang_xpu_lora.dense.fused.FusedPlan`);
+    ``families``: ``all``, ``sglang`` or ``fused`` (only those)."""
     specs = []
     if phase == "decode":
         shrinks = [("grouped", {"SPLIT_K": k}) for k in (4, 8, 16)] + [("per_row", {}), ("all_slots", {})]
@@ -89,16 +95,24 @@ def candidates(phase: str, quick: bool = False) -> list[dict]:
                 a_tiles={**A_TILES, **({"SPLIT_K": split_k} if split_k > 1 else {})},
                 b_tiles={**B_TILES, "BLOCK_SIZE_N": block_n, "num_warps": 8},
             ))
+    fused = []
+    if phase == "decode":
+        for overlap, block_n, block_k, warps in itertools.product(("none", "ab_delta"), (64, 128, 256), (64, 128, 256), (4, 8)):
+            fused.append(dict(fused={"BLOCK_SIZE_N": block_n, "BLOCK_SIZE_K": block_k, "num_warps": warps, "num_stages": 1}, overlap=overlap))
     if quick:  # the interpreter: small tiles, a few of each family
         small = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}
         specs = [
             {**s, "block_size": 16, "a_tiles": {**small, **{k: v for k, v in s["a_tiles"].items() if k == "SPLIT_K"}}, "b_tiles": small}
             for s in specs[:: max(1, len(specs) // 4)]
         ]
-    return specs
+        fused = [{"fused": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 1}, "overlap": "none"}] if fused else []
+    return {"all": specs + fused, "sglang": specs, "fused": fused}[families]
 
 
 def spec_label(spec: dict) -> str:
+    if "fused" in spec:
+        tiles = spec["fused"]
+        return f"{spec['overlap']}|fused/n{tiles['BLOCK_SIZE_N']}/k{tiles['BLOCK_SIZE_K']}/w{tiles['num_warps']}"
     split = spec["a_tiles"].get("SPLIT_K", 1)
     return (
         f"{spec['overlap']}|A:{spec['a_family']}{f'/sk{split}' if split > 1 else ''}"
@@ -139,7 +153,7 @@ def sweep_point(case: Case, name: str, phase: str, args) -> dict:
     point = dict(model=model.name, linear=name, K=x.shape[1], N=offsets[-1], pool_rank=pool_rank,
                  real_rank=case.real_rank, adapters=args.adapters, tokens=tokens, phase=phase)
     results = []
-    for spec in candidates(phase, args.quick):
+    for spec in candidates(phase, args.quick, args.candidates):
         label = spec_label(spec)
         runner = DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=MAX_LORAS, device=device)
         runner.plans = PlanTable(device, "default", rows=[PlanRow({"name": label, "spec": spec})])
@@ -196,7 +210,9 @@ def table_rows(points: list[dict]) -> list[dict]:
 
 
 def spec_of(plan) -> dict:
-    """A ``DensePlan`` as a row's JSON ``spec``."""
+    """A plan (``DensePlan`` or ``FusedPlan``) as a row's JSON ``spec``."""
+    if hasattr(plan, "spec"):
+        return plan.spec()
     return dict(a_family=plan.a_family.value, b_family=plan.b_family.value, overlap=plan.overlap.value,
                 block_size=plan.block_size, a_tiles=dict(plan.a_tiles), b_tiles=dict(plan.b_tiles))
 
@@ -277,6 +293,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", nargs="*", type=int, help=f"decode token counts (default {DECODE_TOKENS})")
     parser.add_argument("--prefill-tokens", nargs="*", type=int, help=f"prefill token counts (default {PREFILL_TOKENS})")
     parser.add_argument("--pool-ranks", nargs="*", type=int, help=f"pool ranks (default {POOL_RANKS})")
+    parser.add_argument("--candidates", choices=("all", "sglang", "fused"), default="all",
+                        help="which plans to try: every family, SGLang's kernels only, or the fused per-row kernel only (decode)")
     parser.add_argument("--real-rank", type=int, default=16, help="the adapters' rank (capped at the pool rank)")
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--calls", type=int, default=20)

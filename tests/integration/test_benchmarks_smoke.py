@@ -136,3 +136,20 @@ def test_scale_reloads_inside_every_workload_not_only_the_long_ones(monkeypatch)
     assert seen == {"reload": False} and row["reloads"] == 0 and row["churn_requests"] == 0
     with pytest.raises(SystemExit):
         scale.main(["--churn-no-reload"])
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_every_plan_sweep_candidate_is_a_valid_plan_with_its_own_label(phase):
+    """The sweep's candidates (SGLang's families and the fused kernel) each parse as a table row's
+    spec, and their labels, which the results and plan_refine key on, are distinct."""
+    from benchmarks.plan_sweep import candidates, spec_label, spec_of
+
+    from sglang_xpu_lora.dense.plans import plan_from_spec
+
+    specs = candidates(phase)
+    assert len({spec_label(spec) for spec in specs}) == len(specs)
+    for spec in specs:
+        assert spec_of(plan_from_spec(spec)) == spec
+    fused = candidates(phase, families="fused")
+    assert bool(fused) == (phase == "decode") and all("fused" in spec for spec in fused)
+    assert candidates(phase, families="sglang") + fused == specs

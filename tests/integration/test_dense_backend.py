@@ -8,6 +8,8 @@ collective of base + LoRA on every tier; graph batches with padded rows; the lay
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -112,8 +114,19 @@ def test_a_row_parallel_linear_reduces_base_plus_lora_once(backend_for, tier):
     torch.testing.assert_close(out.double(), 2 * reference(x, weight, slots), rtol=1e-5, atol=1e-5)
 
 
-def test_a_decode_graph_batch_maps_padded_rows_to_no_adapter(backend_for):
-    """Graph batches bind the persistent token map; rows past the live batch get no LoRA."""
+#: A plan table of one row for every call: the fused per-row kernel (``dense/fused.py``).
+FUSED_TABLE = {"rows": [{"name": "fused", "spec": {"fused": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 1}}}]}
+
+
+@pytest.mark.parametrize("table", [None, FUSED_TABLE], ids=["shipped-plans", "fused-plan"])
+def test_a_decode_graph_batch_maps_padded_rows_to_no_adapter(backend_for, table, tmp_path, monkeypatch):
+    """Graph batches bind the persistent token map; rows past the live batch get no LoRA, with
+    SGLang's plans and with the fused kernel (a table given by ``SGLANG_XPU_LORA_PLANS``)."""
+    if table is not None:
+        from sglang_xpu_lora.settings import PLANS_ENV
+
+        (tmp_path / "fused.plans.json").write_text(json.dumps(table))
+        monkeypatch.setenv(PLANS_ENV, str(tmp_path / "fused.plans.json"))
     backend = backend_for("triton")
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
     backend.prepare_lora_batch(forward_batch("DECODE", 2), [2, 1], RANKS, SCALINGS, True)

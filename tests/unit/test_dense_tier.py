@@ -3,7 +3,8 @@ interpreter on CPU tensors (``TRITON_INTERPRET=1``, tests/conftest.py), against 
 the rows (base GEMM + ``scaling * B_p (A_p x)`` per slice at the slot's real rank).
 
 Every plan family the tables can name (shrink grouped with and without split-K in both split modes,
-per-row, all-slots; expand grouped and per-row; overlap none, ``a``, ``ab_delta``), on one, two
+per-row, all-slots; expand grouped and per-row; overlap none, ``a``, ``ab_delta``; the project's
+fused per-row kernel, overlap none and ``ab_delta``), on one, two
 (gate/up) and three uneven (q/k/v) slices, fp32 and fp16 (the interpreter multiplies bf16 bit
 patterns in ``tl.dot``: triton-lang/triton#11584). The pool holds ranks below the maximum, a rank-0
 slot, and stale rank tails (a reused slot: nothing zeroes them for the dense tier), and a slot that
@@ -29,6 +30,8 @@ SLICES = {"one": (20,), "gate_up": (12, 12), "qkv": (16, 8, 8)}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
 A_TILES = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}
 B_TILES = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}
+#: The fused kernel's tiles: 16 columns (a tail tile on the 20-wide slice), 16 of K = 24 per step (a tail step).
+FUSED_TILES = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 1}
 #: Every family pairing and overlap a plan row can name (all-slots shrink: per-row expand only).
 PLANS = {
     "grouped/grouped/none": dict(a_family="grouped", b_family="grouped", overlap="none"),
@@ -41,6 +44,8 @@ PLANS = {
     "per_row/grouped/none": dict(a_family="per_row", b_family="grouped", overlap="none"),
     "all_slots/per_row/ab_delta": dict(a_family="all_slots", b_family="per_row", overlap="ab_delta"),
     "all_slots/per_row/none": dict(a_family="all_slots", b_family="per_row", overlap="none"),
+    "fused/none": dict(fused=FUSED_TILES, overlap="none"),
+    "fused/ab_delta": dict(fused=FUSED_TILES, overlap="ab_delta"),
 }
 
 
@@ -52,15 +57,20 @@ def interpreter():
 
 
 def spec(name: str) -> dict:
+    if "fused" in PLANS[name]:
+        return dict(PLANS[name])
     return {"a_tiles": A_TILES, "b_tiles": B_TILES, "block_size": 16, **PLANS[name]}
 
 
-def pool(slices, dtype, seed=0):
+def pool(slices, dtype, seed=0, nan_tails=False):
     """A ``(slots, stacks * max_rank, K)`` and B ``(slots, N, max_rank)`` in SGLang's packed layout,
-    rank tails stale (random), the NaN slot all NaN."""
+    rank tails stale (random; NaN with ``nan_tails``), the NaN slot all NaN."""
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(SLOTS, len(slices) * MAX_RANK, K, generator=gen) * 0.5
     b = torch.randn(SLOTS, sum(slices), MAX_RANK, generator=gen) * 0.5
+    if nan_tails:  # what no kernel may read: A's rows past the packed slices, B's columns past the rank
+        for slot, rank in enumerate(RANKS):
+            a[slot, len(slices) * rank :], b[slot, :, rank:] = float("nan"), float("nan")
     a[NAN_SLOT], b[NAN_SLOT] = float("nan"), float("nan")
     return a.to(dtype), b.to(dtype)
 
@@ -112,7 +122,7 @@ def runner_for(plan_name, rows=None):
     return runner
 
 
-def run_linear(runner, requests, slices, dtype, *, phase="prefill", all_reduce=None, seed=1):
+def run_linear(runner, requests, slices, dtype, *, phase="prefill", all_reduce=None, seed=1, nan_tails=False):
     from sglang.srt.lora.dense.plan import DenseLoraKind
     from sglang.srt.lora.utils import Phase
 
@@ -120,7 +130,7 @@ def run_linear(runner, requests, slices, dtype, *, phase="prefill", all_reduce=N
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(len(rows), K, generator=gen).to(dtype)
     weight = (torch.randn(sum(slices), K, generator=gen) * 0.3).to(dtype)
-    a, b = pool(slices, dtype)
+    a, b = pool(slices, dtype, nan_tails=nan_tails)
     runner.begin_lora_batch(batch_info(requests), requests=len(requests), num_tokens=len(rows), phase=Phase(phase), graph=False)
     offsets = (0, *torch.tensor(slices).cumsum(0).tolist())
     plan = runner.plan_for(DenseLoraKind.LINEAR, MAX_RANK, K, offsets[-1], num_tokens=len(rows))
@@ -155,6 +165,14 @@ def test_a_nan_adapter_reaches_no_other_row(plan_name):
     assert torch.isnan(out[[i for i, slot in enumerate(rows) if slot == NAN_SLOT]]).any()
 
 
+@pytest.mark.parametrize("plan_name", list(PLANS))
+def test_nan_past_a_slots_real_rank_is_never_read(plan_name):
+    """A reused slot's stale tail (A's rows past its packed slices, B's columns past its rank) may
+    hold anything, NaN included: no plan reads it, so every row equals the loop."""
+    out, ref, rows = run_linear(runner_for(plan_name), REQUESTS, SLICES["qkv"], torch.float32, nan_tails=True)
+    assert_rows_close(out, ref, list(range(len(rows))), torch.float32)
+
+
 def test_the_nan_check_catches_a_leak():
     """The isolation check above fails when a NaN does reach another row."""
     out, ref, rows = run_linear(runner_for("grouped/grouped/none"), [(1, 2), (3, 2)], SLICES["one"], torch.float32)
@@ -173,7 +191,8 @@ def test_a_long_prefill_routes_without_the_cuda_only_alignment_kernel():
     assert_rows_close(out, ref, list(range(len(rows))), torch.float32)
 
 
-def test_row_parallel_makes_one_collective_of_base_plus_lora():
+@pytest.mark.parametrize("plan_name", ["grouped/grouped/none", "fused/none", "fused/ab_delta"])
+def test_row_parallel_makes_one_collective_of_base_plus_lora(plan_name):
     """At TP > 1 a row-parallel linear reduces once, base and LoRA summed (B is replicated)."""
     reduced = []
 
@@ -181,7 +200,7 @@ def test_row_parallel_makes_one_collective_of_base_plus_lora():
         reduced.append(t.clone())
         return t * 2  # two ranks holding the same shard
 
-    out, ref, _ = run_linear(runner_for("grouped/grouped/none"), REQUESTS, SLICES["one"], torch.float32, all_reduce=all_reduce)
+    out, ref, _ = run_linear(runner_for(plan_name), REQUESTS, SLICES["one"], torch.float32, all_reduce=all_reduce)
     assert len(reduced) == 1
     torch.testing.assert_close(reduced[0].double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.double(), 2 * ref, rtol=1e-5, atol=1e-5)
@@ -234,6 +253,10 @@ def test_the_plans_variable_names_a_table_read_before_the_shipped_ones(tmp_path,
         ({"name": "bad", "max_tokens": -1}, "max_tokens must be a non-negative integer"),
         ({"name": "bad", "min_tokens": 4}, "unknown keys"),
         ({"name": "bad", "spec": {"overlap": "sideways"}}, "sideways"),
+        ({"name": "bad", "spec": {"fused": {**FUSED_TILES, "BLOCK_SIZE_N": 24}}}, "power of two"),
+        ({"name": "bad", "spec": {"fused": {"BLOCK_SIZE_N": 16}}}, "fused tiles need exactly"),
+        ({"name": "bad", "spec": {"fused": FUSED_TILES, "overlap": "a"}}, "a fused plan overlaps as"),
+        ({"name": "bad", "spec": {"fused": FUSED_TILES, "block_size": 16}}, "a fused spec takes"),
     ],
 )
 def test_a_bad_table_row_is_refused_naming_file_and_row(tmp_path, monkeypatch, row, message):
@@ -246,6 +269,19 @@ def test_a_bad_table_row_is_refused_naming_file_and_row(tmp_path, monkeypatch, r
     with pytest.raises(ValueError, match=message) as caught:
         PlanTable(torch.device("cpu"), "default")
     assert str(path) in str(caught.value) and "'bad'" in str(caught.value)
+
+
+def test_a_fused_plan_refuses_what_only_sglangs_plans_serve():
+    """The fused kernel serves plain linears; an embedding shrink, windowed or shared-bridge call
+    with a fused plan is refused, not run wrongly."""
+    from sglang.srt.lora.utils import Phase
+
+    runner = runner_for("fused/none")
+    runner.begin_lora_batch(batch_info(REQUESTS), requests=len(REQUESTS), num_tokens=11, phase=Phase.DECODE, graph=False)
+    a, b = pool(SLICES["one"], torch.float32)
+    x = torch.zeros(11, K)
+    with pytest.raises(NotImplementedError, match="bridge_slices"):
+        runner.apply(x, lambda: torch.zeros(11, 20), runner.plans.rows[0].plan, a=a, b=b, offsets=(0, 20), bridge_slices=2)
 
 
 def test_a_missing_table_file_is_refused(tmp_path, monkeypatch):

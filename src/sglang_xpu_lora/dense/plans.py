@@ -2,11 +2,14 @@
 
 A plan is SGLang 0.5.23's ``DensePlan`` (``srt/lora/dense/plan.py``): the shrink family
 (``grouped`` split-K, ``per_row``, ``all_slots``), the expand family (``grouped``, ``per_row``), the
-overlap with the base GEMM (``none``, ``a``, ``ab_delta``), the route's block size and the tiles.
-A table is a JSON file in SGLang's ``plans.json`` schema: ``{"rows": [row, ...]}``, each row
-``{"name", "phase", "kinds", "max_tokens", "max_rank", "min_in_features", "max_in_features",
-"min_out_features", "max_out_features", "spec"}`` (every selector optional; ``spec`` as
-``DensePlan``'s fields), and the first row whose selectors all match wins. The selectors: phase
+overlap with the base GEMM (``none``, ``a``, ``ab_delta``), the route's block size and the tiles;
+or the project's :class:`~sglang_xpu_lora.dense.fused.FusedPlan` (shrink and expand in one kernel
+per token, for decode). A table is a JSON file in SGLang's ``plans.json`` schema:
+``{"rows": [row, ...]}``, each row ``{"name", "phase", "kinds", "max_tokens", "max_rank",
+"min_in_features", "max_in_features", "min_out_features", "max_out_features", "spec"}`` (every
+selector optional; ``spec`` as ``DensePlan``'s fields, or ``{"fused": {"BLOCK_SIZE_N",
+"BLOCK_SIZE_K", "num_warps", "num_stages"}, "overlap": "none" | "ab_delta"}``, the one addition to
+SGLang's schema), and the first row whose selectors all match wins. The selectors: phase
 (``decode``/``prefill``; TARGET_VERIFY runs as prefill), kind (``linear``; ``embedding`` and
 ``lm_head`` are served by the per-op tier), tokens of the call (``max_tokens``), the pool's rank
 (``max_rank``, i.e. ``--max-lora-rank``), the shrink's input width K and the total output width N.
@@ -29,12 +32,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from sglang.srt.lora.dense.plan import AFamily, BFamily, DenseLoraKind, DensePlan, DensePlanTable, Overlap
 from sglang.srt.lora.utils import Phase, architecture_for_capability
 
+from sglang_xpu_lora.dense.fused import FusedPlan
 from sglang_xpu_lora.settings import PLANS_ENV
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -64,13 +68,22 @@ def sglang_architecture(device: torch.device) -> str:
     return "default"
 
 
-def plan_from_spec(spec: dict) -> DensePlan:
-    """SGLang's ``DensePlan`` from a row's ``spec`` (JSON values: family and overlap names).
+def plan_from_spec(spec: dict) -> Union[DensePlan, FusedPlan]:
+    """The plan of a row's ``spec`` (JSON values: family and overlap names): SGLang's ``DensePlan``,
+    or, for a spec with a ``fused`` key, the project's :class:`~sglang_xpu_lora.dense.fused.FusedPlan`.
 
     Raises:
-        ValueError: an unknown key or value, or a plan ``DensePlan`` refuses (its own checks:
-            tile powers of two, all-slots shrink only with the per-row expand, ...).
+        ValueError: an unknown key or value, or a plan ``DensePlan`` or ``FusedPlan`` refuses (their
+            own checks: tile powers of two, all-slots shrink only with the per-row expand, a fused
+            plan's overlap ``none`` or ``ab_delta``, ...).
     """
+    if "fused" in spec:
+        unknown = set(spec) - {"fused", "overlap"}
+        if unknown:
+            raise ValueError(f"a fused spec takes 'fused' (its tiles) and 'overlap', not {sorted(unknown)}")
+        if not isinstance(spec["fused"], dict):
+            raise ValueError("'fused' must be an object of tiles")
+        return FusedPlan(overlap=Overlap(spec.get("overlap", "none")), tiles=dict(spec["fused"]))
     unknown = set(spec) - {"a_family", "b_family", "overlap", "block_size", "a_tiles", "b_tiles"}
     if unknown:
         raise ValueError(f"unknown spec keys {sorted(unknown)}")
@@ -175,7 +188,7 @@ class PlanTable:
         self._own: dict = {}  # (kind, phase, token bucket, rank, K, N) -> own plan or None
         self._sglang: dict = {}  # pool rank -> SGLang's DensePlanTable
 
-    def plan_for(self, kind: DenseLoraKind, phase: Phase, tokens: int, max_rank: int, in_features: int, out_features: int) -> DensePlan:
+    def plan_for(self, kind: DenseLoraKind, phase: Phase, tokens: int, max_rank: int, in_features: int, out_features: int) -> Union[DensePlan, FusedPlan]:
         """The plan of one call: ``tokens`` rows of input, pool rank ``max_rank``, shrink input
         width ``in_features`` (K), total output width ``out_features`` (N)."""
         # Within one bucket of the rows' token bounds every own row matches alike.

@@ -17,6 +17,10 @@ for a row-parallel linear at TP > 1. What it replaces, so that it runs off CUDA 
 * the workspace (:class:`~sglang_xpu_lora.dense.workspace.DeviceLoraWorkspace`): capture
   detection and overlap on every device with streams.
 
+And what it adds: a plan row may name :class:`~sglang_xpu_lora.dense.fused.FusedPlan`, the shrink
+and expand of a linear in one kernel per token (:func:`~sglang_xpu_lora.dense.fused.fused_per_row_lora`),
+which :meth:`DeviceDenseRunner.apply` runs after the base GEMM or beside it into a delta.
+
 Per batch, :meth:`DeviceDenseRunner.begin_lora_batch` maps each token to its adapter slot (-1: no
 adapter, or rank 0) from SGLang's request view of the batch (``seg_indptr``, ``weight_indices``,
 ``lora_ranks``), with SGLang's own ``_compute_token_lora_mapping``; inside graphs into a persistent
@@ -30,10 +34,11 @@ from sglang.kernels.ops.lora.common.lora_b import grouped_lora_b, per_row_lora_b
 from sglang.kernels.ops.lora.common.route_view import RouteView, RouteViewKind
 from sglang.kernels.ops.lora.common.routing import build_route
 from sglang.srt.lora.backend.base_backend import _compute_token_lora_mapping
-from sglang.srt.lora.dense.plan import BFamily, DensePlan
+from sglang.srt.lora.dense.plan import BFamily, DensePlan, Overlap
 from sglang.srt.lora.dense.runner import Bridge, DenseLoraRunner
 from sglang.srt.lora.utils import LoRABatchInfo, Phase
 
+from sglang_xpu_lora.dense.fused import FusedPlan, fused_per_row_lora
 from sglang_xpu_lora.dense.geometry import SliceGeometries
 from sglang_xpu_lora.dense.plans import PlanTable
 from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
@@ -114,7 +119,7 @@ class DeviceDenseRunner(DenseLoraRunner):
 
     # --- what differs from SGLang's runner -------------------------------------------------------
 
-    def plan_for(self, kind, max_rank: int, in_features: int = 0, out_features: int = 0, *, num_tokens: int) -> DensePlan:
+    def plan_for(self, kind, max_rank: int, in_features: int = 0, out_features: int = 0, *, num_tokens: int):
         """The plan of one call from :attr:`plans` (kind, phase, tokens, pool rank, K, N)."""
         self.set_num_tokens(num_tokens)
         return self.plans.plan_for(kind, self.phase, num_tokens, max_rank, in_features, out_features)
@@ -149,3 +154,43 @@ class DeviceDenseRunner(DenseLoraRunner):
         else:
             per_row_lora_b(bridge.tensor, b, out, self.raw_route(), slot_planes=bridge.slot_planes, **common)
         return out
+
+    def apply(self, x: torch.Tensor, base_fn, plan, *, a: torch.Tensor, b: torch.Tensor, offsets: tuple, all_reduce=None, **options) -> torch.Tensor:
+        """Base output plus LoRA for one linear: SGLang's ``DenseLoraRunner.apply`` for a
+        ``DensePlan``; for a :class:`~sglang_xpu_lora.dense.fused.FusedPlan`, the fused kernel
+        (:func:`~sglang_xpu_lora.dense.fused.fused_per_row_lora`) after ``base_fn()`` into its
+        output (overlap ``none``), or on the side stream into a zeroed delta that is added after
+        the base GEMM (``ab_delta``, as SGLang's ``ab_delta`` adds its delta).
+
+        ``x``: ``(tokens, K)``; ``a``: ``(slots, slices * max_rank, K)``; ``b``: ``(slots,
+        offsets[-1], max_rank)``; ``offsets``: host ints, the output slices' bounds; ``all_reduce``:
+        applied once to base + LoRA (row-parallel linears at TP > 1; B is replicated, and the fused
+        kernel is linear in each rank's partial shrink, so the sum over ranks is the full result).
+        ``options``: SGLang's other keywords (ranks and scalings overrides, bridge sharing,
+        windowed or embedding shrinks), passed on for a ``DensePlan``.
+
+        Raises:
+            NotImplementedError: ``options`` with a fused plan (it serves plain linears only).
+        """
+        if not isinstance(plan, FusedPlan):
+            return super().apply(x, base_fn, plan, a=a, b=b, offsets=offsets, all_reduce=all_reduce, **options)
+        given = sorted(name for name, value in options.items() if value not in (None, 0, False))
+        if given:
+            raise NotImplementedError(f"a fused LoRA plan serves plain linears; it does not take {given}")
+        self.set_num_tokens(x.shape[0])
+        geometry = self.geometries.get(tuple(offsets), int(plan.tiles["BLOCK_SIZE_N"]), b.device)
+
+        def lora_into(out: torch.Tensor, add_inplace: bool) -> torch.Tensor:
+            return fused_per_row_lora(
+                x, a, b, out, self.token_slots, lora_ranks=self.lora_ranks, scalings=self.scalings,
+                geometry=geometry, tiles=plan.tiles, add_inplace=add_inplace,
+            )
+
+        if plan.overlap is Overlap.AB_DELTA:
+            delta = self.workspace.tensor("dense:delta", (x.shape[0], offsets[-1]), dtype=x.dtype, device=x.device)
+            delta.zero_()  # rows of no adapter are not written
+            base = self.workspace.run_parallel(name="dense", device=x.device, compute=base_fn, side=lambda: lora_into(delta, False))
+            base[:, : offsets[-1]].add_(delta)
+        else:
+            base = lora_into(base_fn(), True)
+        return all_reduce(base) if all_reduce is not None else base
