@@ -28,8 +28,9 @@ grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with ``BL
     python -m benchmarks.plan_sweep --quick --device xpu                # the tiny grid on a GPU (the kit's QUICK=1)
     bash benchmarks/run_plan_gpu.sh plan_sweep                          # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
-    python -m benchmarks.plan_sweep --candidates fused --phases decode --tokens 1 8 32 --out /tmp/f.json --results /tmp/f
-                                                                        # the fused kernel alone (then plan_refine --sweep /tmp/f/plan-sweep-cuda.json)
+    python -m benchmarks.plan_sweep --candidates fused --phases decode --tokens 1 8 32 --out /tmp/fused.plans.json
+        # the fused kernel alone, ranked in plan-sweep-cuda-fused.json; then, in whole layers against the shipped table:
+    python -m benchmarks.plan_refine --tokens 1 8 32 --sweep benchmarks/results/plan-sweep-cuda-fused.json
 
 The sweep times each linear alone; a whole layer can prefer other plans (the route a layer builds
 once serves several linears). Where the layer benchmark measured SGLang's own plans faster,
@@ -41,7 +42,7 @@ Triton compiles each kernel specialisation once (seconds each; hundreds here): `
 is reported and the timed sweep compiles what it left). ``--budget-seconds`` covers both.
 
 Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
-candidate to ``plan-sweep-<device>[-quick].json`` under ``--results`` (with the points the budget
+candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under ``--results`` (with the points the budget
 left out, ``points_not_run``, and the compile runs, ``compile_jobs``).
 """
 
@@ -353,7 +354,7 @@ def main(argv=None) -> None:
     if args.compile_only:
         print(f"compiled and checked {sum(len(p['candidates']) for p in points)} candidates", flush=True)
         return
-    suffix = "-quick" if args.quick else ""
+    suffix = ("-quick" if args.quick else "") + ("" if args.candidates == "all" else f"-{args.candidates}")
     results = Path(args.results) / f"plan-sweep-{device.type}{suffix}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"
