@@ -50,6 +50,10 @@ def read_samples(path: Path) -> list[tuple[datetime, float, float, int]]:
     return samples
 
 
+#: The columns :func:`summarise` gives a point (the layer benchmark's rows).
+CLOCK_COLUMNS = ("sm_mhz", "power_w", "power_capped", "clock_samples")
+
+
 def summarise(samples: list[tuple[datetime, float, float, int]], start: datetime, end: datetime) -> dict:
     """Of the samples from ``start`` to ``end`` (local times): ``sm_mhz`` the median SM clock (MHz),
     ``power_w`` the largest power draw (W), ``power_capped`` the share of samples at the software

@@ -55,7 +55,7 @@ LoRA kernels (its layers skip inactive batches; SGLang captures a separate no-Lo
 On a CUDA GPU with ``nvidia-smi``, each point also records the GPU's median SM clock (``sm_mhz``),
 largest power draw (``power_w``) and share of samples at the power cap (``power_capped``) from
 ``timed_from`` to ``timed_to`` (:mod:`benchmarks.clock_log`; samples in ``layer-<device>-clocks.csv``;
-per run: ``--best-of`` does not merge them).
+``--best-of`` keeps them per run, ``<column>_runs``).
 
     python -m benchmarks.layer --device cuda            # the H200 grid (8 minutes with rotated rounds; more with whole designs)
     python -m benchmarks.layer --device xpu             # an Intel GPU (the kit runs it)
@@ -63,7 +63,7 @@ per run: ``--best-of`` does not merge them).
     python -m benchmarks.layer --plot-only benchmarks/results/layer-cuda.json
     python -m benchmarks.layer --device cuda --best-of run1/layer-cuda.json run2/layer-cuda.json run3/layer-cuda.json
 
-Writes ``layer-<device>[-quick].{json,md,png}`` (and ``.partial.jsonl`` as points finish) under
+Writes ``layer-<device>[-quick].{json,md,png}`` (and ``.partial.jsonl`` as points finish, without the clocks, which are read when the run ends) under
 ``--out`` (default ``benchmarks/results``); the JSON also records, per ``intel_xpu`` path, the
 providers of its ops and where its dense tier serves with which plan tables (``intel_xpu_dense``:
 a table named by ``SGLANG_XPU_LORA_PLANS`` comes first).
@@ -94,7 +94,7 @@ from benchmarks.common import (
     interleaved_replay_times,
     write,
 )
-from benchmarks.clock_log import ClockLog, physical_gpu
+from benchmarks.clock_log import CLOCK_COLUMNS, ClockLog, physical_gpu
 from benchmarks.ops import MAX_LORAS, TINY, Case, kernels_env, reference_output
 
 #: SGLang's LoRA backends measured as peers; the best of the first three is the target.
@@ -587,7 +587,9 @@ def best_of_runs(runs: list[dict]) -> list[dict]:
     """Rows of several runs of the same grid (their JSON results) merged point by point: per path
     the fastest run's ``_us`` and ``_spread``, its ``_error`` the largest of the runs, and
     ``_runs_spread`` (slowest - fastest run) / fastest; a path that failed in any run keeps that
-    failure. Ratios are recomputed from the merged times (:func:`summarise`)."""
+    failure. Ratios are recomputed from the merged times (:func:`summarise`). The clocks of a point
+    (:data:`benchmarks.clock_log.CLOCK_COLUMNS`) are kept per run, in the runs' order, as
+    ``<column>_runs`` (None for a run without them): a point's fastest path need not come from one run."""
     key = lambda r: (r["model"], r["mode"], r["max_rank"], r["rank"], r["adapters"], r["tokens"])  # noqa: E731
     merged: dict[tuple, dict] = {}
     for run_rows in runs:
@@ -608,6 +610,9 @@ def best_of_runs(runs: list[dict]) -> list[dict]:
                 row[f"{p}_us"], row[f"{p}_spread"] = best[f"{p}_us"], best[f"{p}_spread"]
                 row[f"{p}_error"] = max(r[f"{p}_error"] for r in timed)
                 row[f"{p}_runs_spread"] = (max(times) - min(times)) / min(times)
+        for column in CLOCK_COLUMNS:
+            if any(column in r for r in point_rows):
+                row[f"{column}_runs"] = [r.get(column) for r in point_rows]
         summarise(row, list(PATHS))
         rows.append(row)
     return rows

@@ -315,3 +315,27 @@ def test_clock_log_runs_nvidia_smi_on_the_devices_gpu_and_reads_its_samples_afte
     window = clocks.window(start, end)
     assert window["sm_mhz"] == 1500 and window["power_w"] == 690.5 and window["power_capped"] == 1.0
     assert 5 <= window["clock_samples"] <= 20
+
+
+def test_best_of_keeps_the_fastest_time_per_path_and_each_runs_clocks():
+    """``--best-of`` merges runs point by point: per path the fastest run's time, the runs' spread,
+    and the clocks of every run in order (None for a run without them), not one run's clocks
+    beside another run's times."""
+    from benchmarks.layer import best_of_runs
+
+    point = dict(model="m", mode="graph", max_rank=16, rank=16, adapters=8, tokens=1)
+
+    def row(base, xpu, **clocks):
+        return {**point, "base_us": base, "base_spread": 0.01, "base_error": 0.0,
+                "intel_xpu_us": xpu, "intel_xpu_spread": 0.02, "intel_xpu_error": 1e-3, **clocks}
+
+    runs = [
+        {"rows": [row(100.0, 130.0, sm_mhz=1980.0, power_w=300.0, power_capped=0.0, clock_samples=4)]},
+        {"rows": [row(98.0, 135.0)]},
+        {"rows": [row(99.0, 120.0, sm_mhz=1500.0, power_w=699.0, power_capped=0.9, clock_samples=5)]},
+    ]
+    (merged,) = best_of_runs(runs)
+    assert (merged["base_us"], merged["intel_xpu_us"]) == (98.0, 120.0)
+    assert merged["intel_xpu_runs_spread"] == pytest.approx(15 / 120)
+    assert merged["sm_mhz_runs"] == [1980.0, None, 1500.0] and merged["power_capped_runs"] == [0.0, None, 0.9]
+    assert "sm_mhz" not in merged
