@@ -283,6 +283,12 @@ REQUIRED_ATTRIBUTES = {
     DENSE_BRIDGE: ("tensor", "planes", "slot_planes"),
     DENSE_PLAN: ("a_family", "b_family", "b_tiles", "block_size"),
     DENSE_B_FAMILY: ("GROUPED",),
+    # The fused per-row kernel (dense/fused.py): its overlaps, and the slice geometry it launches on.
+    DENSE_OVERLAP: ("NONE", "AB_DELTA"),
+    SLICE_GEOMETRY: (
+        "slice_offsets", "out_offsets", "num_slices", "num_column_tiles", "uniform_width", "out_stride", "full_tiles",
+        "block_size_n",
+    ),
     DENSE_LORA_KIND: ("LINEAR",),
     LORA_PHASE: ("PREFILL", "DECODE"),
     ROUTE_VIEW_KIND: ("ALIGNED",),
