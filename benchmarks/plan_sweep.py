@@ -15,11 +15,11 @@ tokens: a call takes the row of the smallest measured count at or above its own)
 (the pool rank), and the linear's exact K and N. Calls outside the measured shapes fall through to
 SGLang's table (:class:`~sglang_xpu_lora.dense.plans.PlanTable`).
 
-Candidates (:func:`candidates`, ``--candidates``): decode: overlap ``a`` / ``ab_delta`` x shrink
+Candidates (:func:`candidates`, ``--candidates``): decode: overlap ``none`` / ``a`` / ``ab_delta`` x shrink
 grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with ``BLOCK_SIZE_N`` 64/128
 (all-slots: per-row expand only), route block 16; and the fused per-row kernel
 (:mod:`sglang_xpu_lora.dense.fused`), overlap ``none`` / ``ab_delta`` x ``BLOCK_SIZE_N`` 64/128/256 x
-``BLOCK_SIZE_K`` 64/128/256 x 4/8 warps; prefill: overlap ``none`` / ``a`` x grouped shrink split-K
+``BLOCK_SIZE_K`` 128/256/512 (capped per pool rank: ``shrink_k_tile``) x 4/8 warps; prefill: overlap ``none`` / ``a`` x grouped shrink split-K
 1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
 
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
@@ -81,7 +81,7 @@ def candidates(phase: str, quick: bool = False, families: str = "all") -> list[d
     if phase == "decode":
         shrinks = [("grouped", {"SPLIT_K": k}) for k in (4, 8, 16)] + [("per_row", {}), ("all_slots", {})]
         for overlap, (a_family, a_extra), b_family, block_n in itertools.product(
-            ("a", "ab_delta"), shrinks, ("grouped", "per_row"), (64, 128)
+            ("none", "a", "ab_delta"), shrinks, ("grouped", "per_row"), (64, 128)
         ):
             if a_family == "all_slots" and b_family != "per_row":
                 continue
@@ -98,7 +98,7 @@ def candidates(phase: str, quick: bool = False, families: str = "all") -> list[d
             ))
     fused = []
     if phase == "decode":
-        for overlap, block_n, block_k, warps in itertools.product(("none", "ab_delta"), (64, 128, 256), (64, 128, 256), (4, 8)):
+        for overlap, block_n, block_k, warps in itertools.product(("none", "ab_delta"), (64, 128, 256), (128, 256, 512), (4, 8)):
             fused.append(dict(fused={"BLOCK_SIZE_N": block_n, "BLOCK_SIZE_K": block_k, "num_warps": warps, "num_stages": 1}, overlap=overlap))
     if quick:  # the interpreter: small tiles, a few of each family
         small = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}

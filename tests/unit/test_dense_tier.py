@@ -333,3 +333,12 @@ def test_overlap_runs_in_order_without_streams():
     )
     assert (result, order) == (7, ["lora", "base"])
     assert fork_join_captures(torch.device("cpu")) is False
+
+
+def test_the_fused_shrink_caps_its_k_step_to_keep_the_a_tile_in_registers():
+    """At most 32 fp32 values of A per thread (no spill at pool rank 64 in sm90 compiles), at least 16."""
+    from sglang_xpu_lora.dense.fused import shrink_k_tile
+
+    assert shrink_k_tile(512, 16, 4) == 256 and shrink_k_tile(512, 16, 8) == 512
+    assert shrink_k_tile(512, 64, 4) == 64 and shrink_k_tile(128, 64, 8) == 128
+    assert shrink_k_tile(64, 4, 4) == 64 and shrink_k_tile(512, 1024, 1) == 16

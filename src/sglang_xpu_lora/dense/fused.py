@@ -185,6 +185,20 @@ def _fused_per_row_kernel(
     tl.store(out_ptrs, lora.to(out_ptr.dtype.element_ty), mask=n_live)
 
 
+#: The most fp32 values of the shrink's A tile (``BLOCK_R x BLOCK_SIZE_K``) per thread.
+A_TILE_VALUES_PER_THREAD = 32
+
+
+def shrink_k_tile(block_k: int, block_r: int, num_warps: int) -> int:
+    """The shrink's K step: ``block_k`` capped so that the A tile holds at most
+    :data:`A_TILE_VALUES_PER_THREAD` fp32 values per thread (at least 16), so that one plan row
+    serves every pool rank without spilling registers (as SGLang's expand caps its K tile at the
+    rank, ``_k_tile``). Offline sm90 compiles (Triton 3.8, ``ptxas -v``) at pool rank 64 spilled
+    registers with 64 values per thread (a 64 x 128 tile on 4 warps); with 32, no tile of the plan
+    sweep's did."""
+    return max(16, min(block_k, A_TILE_VALUES_PER_THREAD * 32 * num_warps // block_r))
+
+
 def fused_per_row_lora(
     x: torch.Tensor,
     a: torch.Tensor,
@@ -230,6 +244,8 @@ def fused_per_row_lora(
     tokens = x.shape[0]
     if tokens == 0:
         return out
+    block_r = triton.next_power_of_2(max_rank)
+    warps = int(tiles["num_warps"])
     _fused_per_row_kernel[(tokens, geometry.num_column_tiles)](
         x, a, b, out, token_slots, lora_ranks, scalings, geometry.slice_offsets, geometry.out_offsets,
         x.shape[1],
@@ -238,15 +254,15 @@ def fused_per_row_lora(
         b.stride(0), b.stride(1), b.stride(2),
         out.stride(0), out.stride(1),
         RANK=max_rank,
-        BLOCK_R=triton.next_power_of_2(max_rank),
+        BLOCK_R=block_r,
         NUM_SLICES=geometry.num_slices,
         UNIFORM_WIDTH=geometry.uniform_width,
         OUT_STRIDE=geometry.out_stride,
         FULL_TILES=geometry.full_tiles,
         ADD_INPLACE=add_inplace,
         BLOCK_SIZE_N=int(tiles["BLOCK_SIZE_N"]),
-        BLOCK_SIZE_K=int(tiles["BLOCK_SIZE_K"]),
-        num_warps=int(tiles["num_warps"]),
+        BLOCK_SIZE_K=shrink_k_tile(int(tiles["BLOCK_SIZE_K"]), block_r, warps),
+        num_warps=warps,
         num_stages=int(tiles["num_stages"]),
     )
     return out
