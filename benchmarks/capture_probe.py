@@ -58,9 +58,9 @@ def layer(selection, use_graph: bool, case, info) -> dict:
     """One layer's LoRA outputs through ``selection``'s graph or eager table, routed as
     ``IntelXpuLoRABackend`` routes them (:meth:`benchmarks.ops.Case.run_module`: the shrink's
     slices re-spaced for the expands that read them at ``max_lora_rank``; a new batch for the
-    portable ops' routing)."""
+    portable ops' routing, the case's launch cache for the Triton ops)."""
     case.begin_batch()
-    table = case.with_routing(selection, use_graph)
+    table = case.with_batch_state(selection, use_graph)
     return {
         name: case.run_module(table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info)
         for name in case.weights

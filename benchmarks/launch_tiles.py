@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     points, times = [], {name: {} for name in candidates}
     for model, (max_rank, rank) in itertools.product(models, [(16, 8)] if args.quick else RANK_POINTS[:2]):
         server = Server(model, max_rank, ["intel_xpu"], dtype, device, layer_args)
-        launches = server.backends["intel_xpu"].linear_launches
+        launches = server.backends["intel_xpu"].triton_launches
         for adapters, count in itertools.product((1, 8), tokens):
             case = Case(model, max_rank, adapters, count, "prefill", dtype, device, real_rank=rank)
             ref = reference(server, case, adapters)

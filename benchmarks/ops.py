@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -147,6 +148,15 @@ class Case:
         """Start a batch: a new routing cache for the portable ops, as a backend's batch binds one."""
         self.routing = torch_ops.RoutingCache()
 
+    @functools.cached_property
+    def launches(self):
+        """The case's own launch cache (``triton_launch.TritonLaunches``) for the ops that launch
+        through one (the Triton ops: their compiled kernels, kept across the case's batches, as a
+        backend keeps its own), made at their first call."""
+        from sglang_xpu_lora.providers.triton_launch import TritonLaunches
+
+        return TritonLaunches()
+
     def min_bytes(self) -> int:
         """Bytes a perfect kernel moves for the layer: each used adapter's A and B once, the inputs
         read once, the outputs written once."""
@@ -200,23 +210,29 @@ class Case:
         from benchmarks.triton_peers import dense_batch_info
 
         info = dense_batch_info(self) if triton_ops.PROVIDER in selection.providers else None
-        table = self.with_routing(selection, use_graph)
+        table = self.with_batch_state(selection, use_graph)
         return lambda name: self.run_module(
             table, name, lambda op: selection.reads_spaced_slices(op, use_graph), batch_info=info
         )
 
-    def with_routing(self, selection, use_graph: bool) -> types.SimpleNamespace:
+    def with_batch_state(self, selection, use_graph: bool) -> types.SimpleNamespace:
         """``selection``'s eager or graph table, its portable ops given the routing cache of the
-        case's current batch (:meth:`begin_batch`), as the backend's bound ops give theirs."""
+        case's current batch (:meth:`begin_batch`) and its Triton ops the case's launch cache
+        (:attr:`launches`), as the backend's bound ops get theirs."""
         table = selection.for_graph(use_graph)
         chosen = selection.graph_choices if use_graph else selection.choices
 
         def portable(fn):
             return lambda **kwargs: fn(**kwargs, routing=self.routing)
 
-        return types.SimpleNamespace(**{
-            op: portable(getattr(table, op)) if choice.provider.caches_routing else getattr(table, op) for op, choice in chosen.items()
-        })
+        def launching(fn):
+            return lambda **kwargs: fn(**kwargs, launches=self.launches)
+
+        def with_state(op, provider):
+            fn = getattr(table, op)
+            return portable(fn) if provider.caches_routing else launching(fn) if provider.uses_launch_cache else fn
+
+        return types.SimpleNamespace(**{op: with_state(op, choice.provider) for op, choice in chosen.items()})
 
     # --- whole backends, through their run_* methods (what a user gets) ------------------------------
 

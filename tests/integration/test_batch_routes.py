@@ -1,5 +1,6 @@
 """Per-batch preparation of ``IntelXpuLoRABackend``'s op calls (``backend/batch_routes.py``) on
-SGLang's Triton kernels for permuted (decode) batches.
+SGLang's Triton kernels for permuted (decode) batches, and the backend's one launch cache that its
+routes' Triton ops and its eager linears launch through (two backends in one process: two caches).
 
 Decode batches, eager and with decode-graph batch infos (padded rows, routing left by a larger
 batch), are compared with the float64 per-row reference (tolerance 1e-5, float32; Triton in its
@@ -170,6 +171,39 @@ def test_routes_are_built_once_per_batch_and_offsets_once_per_shape(triton_backe
     assert in_capture.tolist() == [0, 7, 14] and (2, 7) not in backend.routes.kept_uniform_offsets
 
 
+def test_each_backend_launches_through_its_own_launch_cache_and_binds_one_batch_launches_per_batch(triton_backend, monkeypatch):
+    """Target and draft in one process, their batches prepared and run interleaved: each backend's
+    eager linears and its per-op tier's Triton ops launch through one launch cache, the backend's
+    own (compiled kernels kept across batches), never through another backend's or one kept in the
+    process. The per-op tier binds one ``BatchLaunches`` per batch (its first layer, for the route
+    of the batch info its modules read; every bound Triton op is a method of it), later layers
+    none; the numbers are exact."""
+    from sglang_xpu_lora.providers import triton_launch
+
+    made = []  # (launch cache, batch info) of every BatchLaunches
+    init = triton_launch.BatchLaunches.__init__
+    monkeypatch.setattr(
+        triton_launch.BatchLaunches, "__init__", lambda self, launches, info: made.append((launches, info)) or init(self, launches, info)
+    )
+    target, draft = triton_backend(), triton_backend()
+    batches = {target: [1, 2, 1, 0], draft: [2, 2, 1]}
+    linears = {}
+    for backend, slots in batches.items():
+        made.clear()
+        backend.prepare_lora_batch(forward_batch("DECODE", len(slots)), slots, RANKS, SCALINGS, False)
+        assert backend.launch_batch  # small eager batches: the linears launch from compiled handles
+        [(linears[backend], _)] = made
+    assert linears[target] is not linears[draft]
+    for backend, slots in batches.items():  # both batches prepared: the target's runs after the draft's preparation
+        made.clear()
+        for layer in range(2):
+            x = torch.randn(len(slots), HIDDEN)
+            for out, a, b, bands in run_modules(backend, x, seed=layer):
+                torch.testing.assert_close(out.double(), lora_reference(x, a, b, bands, slots, SCALINGS, RANKS), rtol=1e-5, atol=1e-5)
+        assert all(launches is linears[backend] for launches, _ in made), "a Triton op launched through another launch cache"
+        assert [info for _, info in made] == [backend._sgemm_info()]
+
+
 class KernelLaunches(TorchDispatchMode):
     """Records the Triton kernels launched in the interpreter (name, grid as three integers,
     arguments), whoever launches them, and every aten op run outside them."""
@@ -210,7 +244,7 @@ def test_triton_routes_launch_sglang_kernels_as_its_triton_backend_does_and_make
     monkeypatch.setattr(InterpretedFunction, "run", recorder.wrap(InterpretedFunction.run))
     binds = []
     bind = triton_ops.bind
-    monkeypatch.setattr(triton_ops, "bind", lambda op, info: binds.append(op) or bind(op, info))
+    monkeypatch.setattr(triton_ops, "bind", lambda names, *args: binds.extend(names) or bind(names, *args))
 
     slots = [1, 2, 1, 0, 2]
     x = torch.randn(len(slots), HIDDEN)

@@ -2,8 +2,8 @@
 selection knows providers only through their descriptors (``PROVIDER`` in each provider module).
 
 * every op of the portable and the Triton provider has the interface's signature (the Triton ones
-  with the keyword-only ``batch_info`` added, the portable GEMM ops with the keyword-only
-  ``routing``), and a drifted op is caught by the same check;
+  with the keyword-only ``batch_info`` added, and ``launches`` where they launch a kernel, the
+  portable GEMM ops with the keyword-only ``routing``), and a drifted op is caught by the same check;
 * native detection binds the kernels' schema arguments to the interface's parameter names: every
   op of the full emulated build is found, and a renamed interface parameter makes it unfindable;
 * no module outside ``providers/`` references a provider module (imports, attribute reads);
@@ -38,8 +38,11 @@ def test_the_portable_ops_have_the_interface_signatures_plus_routing(op):
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
-def test_the_triton_ops_have_the_interface_signatures_plus_batch_info(op):
-    assert signature_mismatch(op, getattr(triton_ops, op), keyword_only=("batch_info",)) is None
+def test_the_triton_ops_have_the_interface_signatures_plus_batch_info_and_launches(op):
+    # the ops that launch a kernel take the caller's launch cache; the embedding op calls SGLang's wrapper
+    launches = () if op == "embedding_lora_a_fwd" else ("launches",)
+    assert triton_ops.PROVIDER.uses_launch_cache
+    assert signature_mismatch(op, getattr(triton_ops, op), keyword_only=("batch_info", *launches)) is None
 
 
 def test_a_drifted_op_is_caught():

@@ -218,46 +218,71 @@ def sglang_wrappers_output(p, bands):
     return qkv_lora_b_fwd(mid, p["b"], info, p["offsets"], max(bands), base, n_slices=len(bands))
 
 
+def shrink_of(permuted: bool) -> str:
+    """The shrink a batch's route binds: the permuted one for a decode batch."""
+    return "chunked_sgmv_lora_shrink_fwd" if permuted else "sgemm_lora_a_fwd"
+
+
 @pytest.mark.parametrize("op, bands, permuted, kernel", BOUND_FORMS, ids=lambda v: str(len(v)) if isinstance(v, tuple) else str(v))
 def test_bound_ops_equal_sglang_wrappers_bit_for_bit(op, bands, permuted, kernel):
     """Each bound form, its shrink bound too (the permuted one for a decode batch), in fp32 on a
     batch with a rank-0 slot, empty segments and stale rank tails: the output equals SGLang's
     wrappers' bit for bit (the same kernels, grids and arguments)."""
+    from sglang_xpu_lora.providers.triton_launch import TritonLaunches
+
     p = setup(len(bands) + 7 * permuted, torch.float32, bands, "stale", permuted=permuted)
-    shrink = triton_ops.bind("chunked_sgmv_lora_shrink_fwd" if permuted else "sgemm_lora_a_fwd", p["info"])
-    mid = shrink(p["x"], p["a"], len(bands))
-    out = triton_ops.bind(op, p["info"])(*bound_arguments(op, p, mid, bands, p["base"].clone()))
+    bound = triton_ops.bind((shrink_of(permuted), op), p["info"], TritonLaunches())
+    mid = bound[shrink_of(permuted)](p["x"], p["a"], len(bands))
+    out = bound[op](*bound_arguments(op, p, mid, bands, p["base"].clone()))
     assert torch.equal(out, sglang_wrappers_output(p, bands))
     assert_close(out, p["expected"], torch.float32)
 
 
-def test_bound_ops_launch_from_compiled_handles(monkeypatch):
-    """The bound ops launch through ``CompiledLaunches`` (stand-in kernels, test_triton_launch.py):
-    each form's kernel is compiled at its first launch and later launched from its compiled
-    handle, across batches of the same specialization; a B op given no base output adds into new
-    zeros, as SGLang's wrappers do."""
+def stand_in_launches():
+    """A ``TritonLaunches`` of stand-in kernels (test_triton_launch.py) and those kernels by name."""
     from test_triton_launch import StandInKernel
 
     from sglang_xpu_lora.providers.triton_launch import CompiledLaunches, TritonLaunches
 
+    kernels = {name: StandInKernel() for name in ("shrink", "expand_one", "expand_bands", "expand_two")}
+    launches = TritonLaunches(
+        kernels=types.SimpleNamespace(**kernels),
+        launches=lambda kernel: CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: 0),
+    )
+    return launches, kernels
+
+
+def test_bound_ops_launch_from_compiled_handles():
+    """The bound ops launch through the ``CompiledLaunches`` of the launch cache they are bound
+    with (stand-in kernels, test_triton_launch.py): each form's kernel is compiled at its first
+    launch and later launched from its compiled handle, across batches of the same
+    specialization; the ops of one binding are methods of one ``BatchLaunches``; a B op given no
+    base output adds into new zeros, as SGLang's wrappers do."""
     for op, bands, permuted, kernel in BOUND_FORMS:
-        kernels = {name: StandInKernel() for name in ("shrink", "expand_one", "expand_bands", "expand_two")}
-        launches = TritonLaunches(
-            kernels=types.SimpleNamespace(**kernels),
-            launches=lambda kernel: CompiledLaunches(kernel, current_device=lambda: 0, current_stream=lambda device: 0),
-        )
-        monkeypatch.setattr(triton_ops, "_launches", lambda: launches)
+        launches, kernels = stand_in_launches()
         p = setup(len(bands), torch.float32, bands, "zeroed", permuted=permuted)
         for _ in range(2):  # two batches of the same specialization
-            shrink = triton_ops.bind("chunked_sgmv_lora_shrink_fwd" if permuted else "sgemm_lora_a_fwd", p["info"])
-            expand = triton_ops.bind(op, p["info"])
-            mid = shrink(p["x"], p["a"], len(bands))
-            out = expand(*bound_arguments(op, p, mid, bands, None))
+            bound = triton_ops.bind((shrink_of(permuted), op), p["info"], launches)
+            assert bound[shrink_of(permuted)].__self__ is bound[op].__self__
+            mid = bound[shrink_of(permuted)](p["x"], p["a"], len(bands))
+            out = bound[op](*bound_arguments(op, p, mid, bands, None))
         assert out.shape == p["base"].shape and not out.any()  # stand-ins add nothing to the zeros
         launched = {name: (len(k.compiles), len(k.launches)) for name, k in kernels.items() if k.compiles}
         assert launched == {"shrink": (1, 1), kernel: (1, 1)}, op
 
 
+def test_a_keyword_call_launches_through_the_launch_cache_it_is_given():
+    """The keyword ops take the caller's launch cache (``launches``): of two calls, the first
+    compiles and the second launches from the compiled handle."""
+    launches, kernels = stand_in_launches()
+    p = setup(1, torch.float32, (20,), "zeroed", permuted=False)
+    for _ in range(2):
+        triton_ops.sgemm_lora_a_fwd(
+            input_x=p["x"], weights=p["a"], num_slices=1, batch_info=p["info"], launches=launches, **p["meta"]
+        )
+    assert (len(kernels["shrink"].compiles), len(kernels["shrink"].launches)) == (1, 1)
+
+
 def test_an_op_that_is_not_bound_is_refused():
     with pytest.raises(KeyError, match="embedding_lora_a_fwd is not bound"):
-        triton_ops.bind("embedding_lora_a_fwd", None)
+        triton_ops.bind(("sgemm_lora_a_fwd", "embedding_lora_a_fwd"), None, None)

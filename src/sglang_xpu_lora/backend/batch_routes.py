@@ -7,7 +7,8 @@ or graph set-up, so a ``run_*`` call looks up its :class:`BatchRoute` and calls 
 * the ops of the op table (eager, or capture-safe inside graphs) bound to the batch
   (``OpSelection.bind_batch``): index tensors, scalings and SGLang's batch info are already in
   them, so per call only the module's tensors and host integers are passed, positionally (for the
-  Triton provider, SGLang's kernels are called as ``TritonLoRABackend`` calls them);
+  Triton provider, SGLang's kernels are called as ``TritonLoRABackend`` calls them, by the methods
+  of one ``BatchLaunches`` per route, through the backend's launch cache);
 * which op serves each module, and whether its input needs the slice gather of the native and
   portable multi-slice expands, decided once per route.
 

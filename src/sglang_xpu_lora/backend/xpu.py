@@ -13,7 +13,8 @@ SGLang hands every LoRA'd layer to the backend in one call, ``forward_with_base`
   the compiled kernel;
 * the **per-op tier**, described below: the layer's ``apply_lora`` calls the ``run_*`` methods,
   each routed to one op of the provider selected for it; it serves everything else (the embedding,
-  lm_head, native and portable ops; its Triton ops launch as the linears above do).
+  lm_head, native and portable ops; its Triton ops launch as the linears above do, through the
+  same launch cache: one per backend, ``IntelXpuLoRABackend.triton_launches``).
 
 At TP > 1 each makes one collective of base + LoRA per row-parallel linear.
 
@@ -153,6 +154,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         self.op_selection = select_ops(device, log=self.selection_log)
         #: Trial captures at graph set-up and their verdicts (:mod:`sglang_xpu_lora.backend.graph_setup`).
         self.trial_captures = TrialCaptures()
+        #: This backend's launch cache: SGLang's legacy Triton kernels launched from their compiled
+        #: handles, kept across batches (:mod:`sglang_xpu_lora.providers.triton_launch`), through
+        #: which the per-op tier's Triton ops (bound with it to each batch: :attr:`routes`) and the
+        #: linears of eager batches below the dense tier's threshold (:meth:`forward_with_base`)
+        #: launch; None where the selection never runs those kernels (trial captures at graph
+        #: set-up move ops from them to native ones, never onto them).
+        self.triton_launches = TritonLinearLaunches() if self.op_selection.uses_launch_cache else None
         #: The routes of the current batch (:mod:`sglang_xpu_lora.backend.route_table`).
         self.routes = RouteTable(self.device)
         #: The memory pool of the ``LoRAManager`` that built this backend, handed over by the
@@ -168,11 +176,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         )
         if self.dense is not None:  # off CUDA decided by a trial capture at graph set-up
             self.dense.workspace.overlap_in_graphs = torch.device(self.device).type == "cuda"
-        #: The linears of eager batches below the dense tier's threshold, where the selection gives
-        #: them to SGLang's Triton kernels: launched from compiled handles
-        #: (:mod:`sglang_xpu_lora.providers.triton_launch`); None where it never does.
-        self.linear_launches = TritonLinearLaunches() if self.op_selection.dense_tier_serves(False) else None
-        #: Whether the current batch's linears run on the dense tier, or on :attr:`linear_launches`
+        #: Whether the current batch's linears run on the dense tier, or on :attr:`triton_launches`
         #: (set per batch; both False: the per-op tier).
         self.dense_batch = self.launch_batch = False
         #: From how many tokens an eager batch runs on the dense tier (:meth:`dense_serves`).
@@ -286,7 +290,8 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         Also starts the batch's routes (:meth:`RouteTable.start_batch`: ops bound to the batch, with the
         portable ops' routing cache and the slice-spacing indices of this batch), so what depends
         only on the batch is computed once per batch rather than once per op; everything of the
-        batch lives on this backend's routes, nothing in the process. The first batch after the
+        batch lives on this backend's routes, the compiled Triton kernels in its
+        :attr:`triton_launches`, nothing in the process. The first batch after the
         manager built its pool checks the pool first (:meth:`_check_memory_pool`).
         """
         self._check_memory_pool()
@@ -296,7 +301,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         )
         self._int32_lora_ranks()
         graph = use_cuda_graph or use_prefill_cuda_graph
-        self.routes.start_batch(self._batch_infos(), self.op_selection, build_now=graph)
+        self.routes.start_batch(self._batch_infos(), self.op_selection, self.triton_launches, build_now=graph)
         self.dense_batch = self.dense_serves(graph, self.batch_info.expected_tokens)
         self._begin_linear_launches(graph)
         if self.dense_batch:
@@ -318,7 +323,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         ops stay per op), inside graphs always,
         outside them from :attr:`eager_dense_min_tokens` rows on (:data:`EAGER_DENSE_MIN_TOKENS`
         unless ``SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS`` says otherwise; below it the linears run on
-        :attr:`linear_launches`, SGLang's legacy Triton kernels launched from compiled handles, with
+        :attr:`triton_launches`, SGLang's legacy Triton kernels launched from compiled handles, with
         far less host work per launch: on an H200, with the dense tier in every eager batch, it took
         1.1-2.2x the best peer's layer time at 512 prefill tokens and 2.6-3.4x in eager decode
         (``benchmarks/results/layer-cuda-runs/layer-cuda-dense-everywhere.json``), and at 8192
@@ -335,26 +340,26 @@ class IntelXpuLoRABackend(TritonLoRABackend):
             self.dense.reset_routes()
 
     def _begin_linear_launches(self, graph: bool) -> None:
-        """Give this batch's linears to :attr:`linear_launches` where it serves them: an eager batch
+        """Give this batch's linears to :attr:`triton_launches` where it serves them: an eager batch
         (``graph`` False) that is not a dense batch, on a selection that gives eager linears to
         SGLang's Triton kernels."""
-        self.launch_batch = self.linear_launches is not None and not graph and not self.dense_batch
+        self.launch_batch = self.op_selection.dense_tier_serves(False) and not graph and not self.dense_batch
         if self.launch_batch:
-            self.linear_launches.begin_batch(self._sgemm_info())
+            self.triton_launches.begin_batch(self._sgemm_info())
 
     def reset_batch_state(self):
         """SGLang's idle-forward reset; no batch for the dense tier or the linear launches either."""
         super().reset_batch_state()
         self.dense_batch = self.launch_batch = False
-        if self.linear_launches is not None:
-            self.linear_launches.end_batch()
+        if self.triton_launches is not None:
+            self.triton_launches.end_batch()
 
     def prepare_lora_token_segments(self, **kwargs) -> None:
         """SGLang's explicit token segments (UNO speculative path), then the index contract."""
         self._check_memory_pool()
         super().prepare_lora_token_segments(**kwargs)
         self._int32_lora_ranks()
-        self.routes.start_batch(self._batch_infos(), self.op_selection)
+        self.routes.start_batch(self._batch_infos(), self.op_selection, self.triton_launches)
         self.dense_batch = False  # explicit segments: not the dense tier
         self._begin_linear_launches(graph=False)
 
@@ -379,7 +384,7 @@ class IntelXpuLoRABackend(TritonLoRABackend):
         """The route of ``info`` in this batch (:meth:`RouteTable.route`); the ``run_*`` methods
         call this only for another batch info than the last one
         (``routes.last_route if info is routes.last_info else self._route(info)``)."""
-        return self.routes.route(info, self.op_selection)
+        return self.routes.route(info, self.op_selection, self.triton_launches)
 
     # --- SGLang BaseLoRABackend API --------------------------------------------------------
 
@@ -397,13 +402,13 @@ class IntelXpuLoRABackend(TritonLoRABackend):
 
         Linears of a dense batch (:attr:`dense_batch`) run on the dense tier (SGLang's ``triton_v2``
         kernels, plan per call, overlapped with the base GEMM: :mod:`sglang_xpu_lora.dense`), those
-        of a launch batch (:attr:`launch_batch`) on :attr:`linear_launches`; the embedding, lm_head
+        of a launch batch (:attr:`launch_batch`) on :attr:`triton_launches`; the embedding, lm_head
         (with its ``pruned_batch_info``, read by the layer) and every other batch run the layer's
         ``apply_lora``, i.e. the per-op ``run_*`` methods below.
         """
         if kind == DenseLoraKind.LINEAR:
             if self.launch_batch:
-                return self.linear_launches.forward(x, base_fn, lora_a, lora_b, output_offset, offsets, all_reduce)
+                return self.triton_launches.forward(x, base_fn, lora_a, lora_b, output_offset, offsets, all_reduce)
             if self.dense_batch:
                 dense = self.dense
                 plan = dense.plan_for(kind, lora_b.shape[-1], lora_a.shape[-1], offsets[-1], num_tokens=x.shape[0])

@@ -34,7 +34,8 @@ Signatures and semantics mirror the Python wrappers in sgl-kernel-xpu ``python/s
   ``batch_info`` (SGLang's ``LoRABatchInfo`` of the batch), which only the Triton provider reads.
 
 The portable and Triton providers write the seven ops out as functions with these signatures (the
-Triton ones with a keyword-only ``batch_info`` added); the native provider binds each kernel to
+Triton ones with a keyword-only ``batch_info`` added, and ``launches``, a launch cache, where they
+launch a kernel; the portable GEMM ops with ``routing``); the native provider binds each kernel to
 them by name (:func:`parameters`). ``tests/unit/test_provider_interface.py`` compares every
 provider's ops with :class:`LoRAOpsProvider` (:func:`signature_mismatch`).
 """
@@ -177,8 +178,8 @@ def parameters(op: str) -> tuple[str, ...]:
 def signature_mismatch(op: str, function: Callable, keyword_only: tuple[str, ...] = ()) -> Optional[str]:
     """How ``function``'s signature differs from the interface's ``op`` (names, order, kinds,
     defaults and annotations as written), or None when it matches. ``keyword_only`` names the
-    keyword-only parameters a provider adds after the interface's (the Triton ops' ``batch_info``, the
-    portable ops' ``routing``), compared by name and kind only."""
+    keyword-only parameters a provider adds after the interface's (the Triton ops' ``batch_info`` and
+    ``launches``, the portable ops' ``routing``), compared by name and kind only."""
     expected = list(signature(op).parameters.values())
     expected += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in keyword_only]
     actual = list(inspect.signature(function).parameters.values())
@@ -275,6 +276,10 @@ class Provider:
         caches_routing: its ops take a keyword-only ``routing``, the batch's
             :class:`~.torch_routing.cache.RoutingCache`, so each batch's routing is computed once
             for all of its layers (:mod:`.batch_binding` passes one per batch).
+        uses_launch_cache: its batch-bound ops launch their kernels through a launch cache
+            (:class:`.triton_launch.TritonLaunches`: compiled kernels, kept across batches) that
+            the binding's caller owns and :meth:`bind_to_batch` receives; the backend owns one
+            where its selection has such a provider (:attr:`.selection.OpSelection.uses_launch_cache`).
     """
 
     name: str
@@ -288,6 +293,7 @@ class Provider:
     last_resort: bool = False
     caches_routing: bool = False
     serves_dense_tier: bool = False
+    uses_launch_cache: bool = False
 
     def offers(self, device_kind: Optional[str], kernels: str, graph_verdicts: Mapping) -> dict[str, Offer]:
         """An :class:`Offer` per op of :data:`OP_NAMES` on a device of type ``device_kind`` (None:
@@ -304,10 +310,12 @@ class Provider:
         serve ``op`` (``reason``: its offer's)."""
         return f"the {self.name} provider cannot serve {op} on {device_kind}: {reason}"
 
-    def bind_to_batch(self, name: str, batch_info) -> Optional[Callable[..., torch.Tensor]]:
-        """Its own binding of op (or chunked-expand form) ``name`` to one batch
-        (:mod:`.batch_binding`), or None for the keyword binding every provider gets."""
-        return None
+    def bind_to_batch(self, names: tuple, batch_info, launches) -> dict[str, Callable[..., torch.Tensor]]:
+        """Its own binding of the ops (and chunked-expand forms) ``names`` of one batch's route to
+        that batch (:mod:`.batch_binding`, one call per route and provider): name -> bound op, empty
+        for the keyword binding every provider gets. ``launches``: the caller's launch cache
+        (:attr:`uses_launch_cache`; None where it owns none)."""
+        return {}
 
     def bind_trial(self, kernel: Any) -> Callable[..., torch.Tensor]:
         """The call a trial capture makes of ``kernel`` (its :attr:`Offer.kernel`): the op with the

@@ -9,21 +9,28 @@ positionally, in the order of :data:`BOUND_PARAMETERS`; the batch's ``seg_indptr
 ``LoRABatchInfo`` are already in the callable. Semantics, shapes and dtypes are those of
 :mod:`.base`.
 
-How an op is bound depends on its provider (:meth:`.base.Provider.bind_to_batch`):
+How an op is bound depends on its provider (:meth:`.base.Provider.bind_to_batch`, called once
+per binding for each provider that serves one of its ops):
 
 * SGLang's Triton kernels bind themselves: :func:`.triton_ops.bind` (the launches of
   ``TritonLoRABackend``'s kernels, from their compiled handles; the kernels read the permutation
-  from the batch info);
+  from the batch info): the binding's Triton ops are the methods of one
+  :class:`.triton_launch.BatchLaunches`;
 * native and portable ops: :func:`bind_keywords`, around the table's keyword function.
 
 The embedding op is not bound (one call per forward; the backend calls the table entry).
 Binding reads no device memory on the host and creates no tensors. A bound Triton op launches its
 kernel and allocates what SGLang's wrapper allocates (the shrink's output; an expand's when no
 base output is given), nothing else; a bound native or portable permuted op adds the ``permutation[:rows]``
-view, made at its first use per row count and kept for the batch. The portable ops of one
-binding share a :class:`~.torch_routing.cache.RoutingCache`, made with it: the batch's routing is
-computed by the first layer and reused by the others, and it lives exactly as long as the batch's
-bound ops (no process state: another backend's batches have their own).
+view, made at its first use per row count and kept for the batch.
+
+Where the state lives (no process state: two backends in one process keep their own). The
+portable ops of one binding share a :class:`~.torch_routing.cache.RoutingCache`, made with it:
+the batch's routing is computed by the first layer and reused by the others, and it lives exactly
+as long as the batch's bound ops. The Triton ops' compiled kernels outlive batches: they are kept in
+the launch cache the caller passes in (a :class:`.triton_launch.TritonLaunches`; the backend owns
+one, :attr:`.base.Provider.uses_launch_cache`), which the batch's ``BatchLaunches`` launches
+through.
 """
 
 from __future__ import annotations
@@ -128,11 +135,20 @@ def bind_uniform_bands(bands: int, expand: Callable[..., torch.Tensor], uniform_
     return two_bands
 
 
-def bind_table(table: types.SimpleNamespace, choices: dict, info: LoRABatchInfo, uniform_offsets, names) -> types.SimpleNamespace:
+def _op_of(name: str) -> str:
+    """The op of an op or chunked-expand form name (:data:`UNIFORM_BAND_FORMS`)."""
+    return "chunked_sgmv_lora_expand_fwd" if name in UNIFORM_BAND_FORMS else name
+
+
+def bind_table(
+    table: types.SimpleNamespace, choices: dict, info: LoRABatchInfo, uniform_offsets, names, launches,
+) -> types.SimpleNamespace:
     """The ops of :data:`BOUND_PARAMETERS` and the forms of :data:`UNIFORM_BAND_FORMS` named in
     ``names`` (a form needs ``chunked_sgmv_lora_expand_fwd`` named too) of the op table ``table``,
-    bound to the batch ``info``; the ops of providers that cache routing
-    (:attr:`.base.Provider.caches_routing`) share one new :class:`RoutingCache`.
+    bound to the batch ``info``: each provider that binds itself binds its ops of ``names`` in one
+    call (:meth:`.base.Provider.bind_to_batch`), the others get the keyword binding; the ops of
+    providers that cache routing (:attr:`.base.Provider.caches_routing`) share one new
+    :class:`RoutingCache`.
 
     Args:
         table: an op table (:class:`.selection.OpSelection` ``eager`` or ``graph``).
@@ -141,19 +157,26 @@ def bind_table(table: types.SimpleNamespace, choices: dict, info: LoRABatchInfo,
         info: SGLang's ``LoRABatchInfo`` of the batch (the kernels' batch info).
         uniform_offsets: ``(bands, band_size) -> (bands + 1,)`` int32 persistent device offsets.
         names: the op and form names to bind.
+        launches: the caller's launch cache (:class:`.triton_launch.TritonLaunches`), for providers
+            that launch through one (:attr:`.base.Provider.uses_launch_cache`); None where none does.
 
     Returns:
         A namespace with one batch-bound callable per name.
     """
-    bound, routing = {}, RoutingCache()
+    served: dict = {}  # provider -> its names, in the order of names
     for name in names:
-        op = "chunked_sgmv_lora_expand_fwd" if name in UNIFORM_BAND_FORMS else name
-        own = choices[op].provider.bind_to_batch(name, info)
-        if own is not None:
-            bound[name] = own
-        elif name in UNIFORM_BAND_FORMS:
+        served.setdefault(choices[_op_of(name)].provider, []).append(name)
+    bound, routing = {}, RoutingCache()
+    for provider, provider_names in served.items():
+        bound.update(provider.bind_to_batch(tuple(provider_names), info, launches))
+    for name in names:
+        if name in bound:
+            continue
+        op = _op_of(name)
+        if name in UNIFORM_BAND_FORMS:
             bound[name] = bind_uniform_bands(UNIFORM_BAND_FORMS[name], bound[op], uniform_offsets)
         else:
             caching = choices[op].provider.caches_routing
             bound[name] = bind_keywords(name, getattr(table, name), info, routing if caching else None)
     return types.SimpleNamespace(**bound)
+

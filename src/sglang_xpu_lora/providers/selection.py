@@ -213,11 +213,21 @@ class OpSelection:
         (native and portable expands) rather than SGLang's packed ``p * rank`` (Triton's)."""
         return self.choices_for(use_graph)[op].provider.expands_read_spaced_slices
 
-    def bind_batch(self, use_graph: bool, info, uniform_offsets: Callable[[int, int], torch.Tensor], names) -> types.SimpleNamespace:
+    @property
+    def uses_launch_cache(self) -> bool:
+        """Whether a provider that serves an op, eager or in graphs, launches its kernels through a
+        launch cache (:attr:`.base.Provider.uses_launch_cache`): then whoever binds this
+        selection's ops to batches owns one and passes it to :meth:`bind_batch`."""
+        return any(p.uses_launch_cache for p in self.providers)
+
+    def bind_batch(
+        self, use_graph: bool, info, uniform_offsets: Callable[[int, int], torch.Tensor], names, launches,
+    ) -> types.SimpleNamespace:
         """The ops (and chunked-expand forms) ``names`` of the table for ``use_graph`` bound to
         the batch ``info`` (SGLang's ``LoRABatchInfo``): callables taking only the per-call
-        arguments (:func:`.batch_binding.bind_table`; ``uniform_offsets`` as there)."""
-        return bind_table(self.for_graph(use_graph), self.choices_for(use_graph), info, uniform_offsets, names)
+        arguments (:func:`.batch_binding.bind_table`; ``uniform_offsets`` and ``launches``, the
+        caller's launch cache, as there)."""
+        return bind_table(self.for_graph(use_graph), self.choices_for(use_graph), info, uniform_offsets, names, launches)
 
 
 def _serve(op: str, order: tuple, offers: Mapping, setting: KernelsSetting, kind: Optional[str], *,

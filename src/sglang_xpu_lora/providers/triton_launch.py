@@ -14,7 +14,13 @@ slices (:meth:`BatchLaunches.expand`). Two callers bind it to a batch
 (:meth:`TritonLaunches.batch`): :class:`TritonLinearLaunches`, which runs one whole linear of an
 eager batch (the base GEMM, the shrink, the expand into the base output) from what
 ``forward_with_base`` receives, and the Triton provider's batch-bound ops
-(:func:`sglang_xpu_lora.providers.triton_ops.bind`: the per-op tier, eagerly and inside graphs).
+(:func:`sglang_xpu_lora.providers.triton_ops.bind`: the per-op tier, eagerly and inside graphs;
+the ops a route binds are the methods of one ``BatchLaunches``).
+
+Where the compiled kernels live: in a :class:`TritonLaunches` (its :class:`CompiledLaunches`),
+owned by whoever binds batches with it, never in this module. ``IntelXpuLoRABackend`` owns one
+:class:`TritonLinearLaunches`, its launch cache, for both callers above, so two backends in one
+process (target and draft) keep their own; a test or benchmark without a backend makes its own.
 
 Each kernel is launched through :class:`CompiledLaunches`: the first launch of a specialization
 goes through Triton's ``JITFunction.run`` (which compiles and returns the ``CompiledKernel``),
@@ -199,7 +205,8 @@ class CompiledLaunches:
 
 class TritonLaunches:
     """SGLang's four legacy Triton LoRA kernels, each launched through its :class:`CompiledLaunches`
-    (module docstring), kept across batches; :meth:`batch` binds them to one batch.
+    (module docstring), which keep their compiled kernels across batches for as long as their owner
+    keeps this object (a backend: its launch cache); :meth:`batch` binds them to one batch.
 
     ``kernels`` (tests): ``shrink``, ``expand_one``, ``expand_bands``, ``expand_two`` instead of
     SGLang's (:func:`_kernels`), each launched through ``launches(kernel)``. The batch tensors'
@@ -239,8 +246,9 @@ class BatchLaunches:
     through its strides. The expands add into ``output`` in place (SGLang's ``base_output``) and
     return it, or into new zeros for None, as the wrappers do. Every method takes its arguments in
     the wrapper's order, which is the order of the bound ops' per-call arguments
-    (:data:`.batch_binding.BOUND_PARAMETERS`): the Triton provider binds its ops to these methods
-    as they are (:func:`.triton_ops.bind`). Math: module docstring.
+    (:data:`.batch_binding.BOUND_PARAMETERS`): the Triton provider binds the ops of a route to
+    these methods of one ``BatchLaunches`` as they are (:func:`.triton_ops.bind`). Math: module
+    docstring.
     """
 
     __slots__ = ("_launches", "_indices", "_permutation", "_sorted_by_adapter", "_scalings", "tiles", "_row_tiles",
@@ -374,8 +382,10 @@ class BatchLaunches:
 
 
 class TritonLinearLaunches(TritonLaunches):
-    """One LoRA'd linear of an eager batch, base GEMM plus LoRA, on SGLang's Triton kernels
-    launched from their compiled handles (module docstring).
+    """A backend's launch cache (``IntelXpuLoRABackend.triton_launches``): the launches its per-op
+    tier's Triton ops bind to each batch (:meth:`TritonLaunches.batch`), and one LoRA'd linear of
+    an eager batch, base GEMM plus LoRA, on SGLang's Triton kernels launched from their compiled
+    handles (module docstring).
 
     Per batch, :meth:`begin_batch` takes SGLang's batch info of the linears (the backend's
     ``_sgemm_info()``); :meth:`forward` then runs each linear with only its own tensors: the

@@ -8,14 +8,22 @@ host-side launch bounds ``bs`` and ``max_len`` and ``seg_lens``. Every op here t
 interface's arguments plus the keyword ``batch_info`` and reads the batch from it alone; the loose
 index arguments are accepted so that the backend calls every provider the same way, and must
 describe the same batch: ``IntelXpuLoRABackend`` passes the batch info SGLang's Triton backend
-prepared. :func:`bind` binds an op to one batch info instead (the backend's per-batch routes,
-:mod:`.batch_binding`): per call it takes only the module's tensors and host integers,
-positionally, and launches the kernel from its compiled handle
-(:class:`.triton_launch.BatchLaunches`, where the kernel, grid, tiles and the expand's choice by
-slices are decided, for these ops and for the eager linears alike), not through SGLang's wrapper
-and Triton's JIT dispatch; the keyword functions go through it and take their signatures from the
-interface itself (:func:`.base.signature`), so they are not written out here a second time. The
-embedding op alone calls SGLang's wrapper (``embedding_lora_a_fwd``; one call per forward).
+prepared. :func:`bind` binds the ops a route calls to one batch info instead (the backend's
+per-batch routes, :mod:`.batch_binding`): they are the methods of one
+:class:`.triton_launch.BatchLaunches` per batch info (where the kernel, grid, tiles and the
+expand's choice by slices are decided, for these ops and for the eager linears alike), which per
+call take only the module's tensors and host integers, positionally, and launch the kernel from
+its compiled handle, not through SGLang's wrapper and Triton's JIT dispatch. The keyword functions
+go through it too and take their signatures from the interface itself (:func:`.base.signature`),
+so they are not written out here a second time. The embedding op alone calls SGLang's wrapper
+(``embedding_lora_a_fwd``; one call per forward).
+
+Where the compiled kernels live: in a :class:`.triton_launch.TritonLaunches` that the caller owns
+and passes in, nowhere in this module. ``IntelXpuLoRABackend`` owns one (its launch cache, which
+its eager linears launch through too) and binds its routes with it, so two backends in one process
+keep their own; a keyword call takes one as the keyword-only ``launches`` (beyond the interface,
+as the portable ops take ``routing``) and, without it, makes one of its own for that call (its
+launches then go through Triton's ``JITFunction.run``, as SGLang's wrappers' do).
 
 Ranks and the pool layout. The kernels contract over each slot's real ``lora_ranks`` entry and read
 stacked LoRA-A slice ``p`` at row ``p * rank``, and a shrink's output slice ``p`` at column
@@ -52,7 +60,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
 import torch
 
@@ -107,41 +115,34 @@ def _embedding_lora_a() -> Callable[..., torch.Tensor]:
     return resolve(targets.TRITON_EMBEDDING_LORA_A)
 
 
-@functools.cache
-def _launches() -> TritonLaunches:
-    """The launches of SGLang's legacy Triton kernels that the bound ops make
-    (:class:`.triton_launch.TritonLaunches`), made at the first binding and kept for the process:
-    what they keep is compiled kernels, per kernel, specialization and device, as Triton's own
-    ``JITFunction`` caches are kept; nothing of a batch (each binding has its own
-    :class:`.triton_launch.BatchLaunches`)."""
-    from sglang_xpu_lora.providers.triton_launch import TritonLaunches  # imports Triton (triton_support's check)
+def bind(names: Iterable[str], batch_info: LoRABatchInfo, launches: TritonLaunches) -> dict[str, Callable[..., torch.Tensor]]:
+    """The ops (and chunked-expand forms) ``names`` bound to one batch: name -> a callable that
+    takes the per-call arguments of :data:`.batch_binding.BOUND_PARAMETERS` ``[name]`` (or of a
+    chunked-expand form of :data:`.batch_binding.UNIFORM_BAND_FORMS`) positionally and launches
+    SGLang's kernel as its wrapper would (the same kernel, grid and arguments; tiles:
+    :mod:`.triton_launch`), from the kernel's compiled handle after its first launch.
 
-    return TritonLaunches()
-
-
-def bind(op: str, batch_info: LoRABatchInfo) -> Callable[..., torch.Tensor]:
-    """Op ``op`` bound to one batch: a callable that takes the per-call arguments of
-    :data:`.batch_binding.BOUND_PARAMETERS` ``[op]`` (or of a chunked-expand form of
-    :data:`.batch_binding.UNIFORM_BAND_FORMS`) positionally and launches SGLang's kernel as its
-    wrapper would (the same kernel, grid and arguments; tiles: :mod:`.triton_launch`), from the
-    kernel's compiled handle after its first launch.
-
-    The op is a method of the batch's :class:`.triton_launch.BatchLaunches` (bound to
-    ``batch_info``, SGLang's ``LoRABatchInfo``, here: its tensors and host integers are read now),
-    which takes those arguments in that order: the shrinks (the permuted one too: the kernel reads
-    rows through ``batch_info.permutation``) ``shrink``; ``sgemm_lora_b_fwd`` and the one-band
-    form ``expand_one``; ``gate_up_lora_b_fwd`` and the two-band form ``expand_two``;
-    ``qkv_lora_b_fwd`` ``expand_bands`` (three bands); the chunked expand ``expand``, which
-    chooses among those three by its bands per call (host integers only).
+    Every callable is a method of one :class:`.triton_launch.BatchLaunches`,
+    ``launches.batch(batch_info)`` (``batch_info``, SGLang's ``LoRABatchInfo``: its tensors and
+    host integers are read now; ``launches``: the caller's :class:`.triton_launch.TritonLaunches`,
+    which keeps the compiled kernels across batches), which takes those arguments in that order:
+    the shrinks (the permuted one too: the kernel reads rows through ``batch_info.permutation``)
+    ``shrink``; ``sgemm_lora_b_fwd`` and the one-band form ``expand_one``; ``gate_up_lora_b_fwd``
+    and the two-band form ``expand_two``; ``qkv_lora_b_fwd`` ``expand_bands`` (three bands); the
+    chunked expand ``expand``, which chooses among those three by its bands per call (host integers
+    only).
 
     Raises:
         KeyError: for an op that is not bound (``embedding_lora_a_fwd``) or unknown.
     """
-    try:
-        method = _BOUND_METHODS[op]
-    except KeyError:
-        raise KeyError(f"{op} is not bound to a batch (the bound ops: batch_binding.BOUND_PARAMETERS)") from None
-    return getattr(_launches().batch(batch_info), method)
+    methods = {}
+    for name in names:
+        try:
+            methods[name] = _BOUND_METHODS[name]
+        except KeyError:
+            raise KeyError(f"{name} is not bound to a batch (the bound ops: batch_binding.BOUND_PARAMETERS)") from None
+    batch = launches.batch(batch_info)
+    return {name: getattr(batch, method) for name, method in methods.items()}
 
 
 #: The :class:`.triton_launch.BatchLaunches` method of each bound op and chunked-expand form.
@@ -162,21 +163,23 @@ _BOUND_METHODS = {
 
 def _keyword_op(op: str) -> Callable[..., torch.Tensor]:
     """Op ``op`` with the interface's signature (:func:`.base.signature`) plus the keyword-only
-    ``batch_info``: the embedding op calls SGLang's kernel with the batch info; the others bind the
-    op to it (:func:`bind`) and pass the per-call arguments
-    (:data:`.batch_binding.BOUND_PARAMETERS`). The loose index arguments are checked for presence
-    only (the batch info describes the batch).
+    ``batch_info`` and, for the ops :func:`bind` binds, the keyword-only ``launches`` (a
+    :class:`.triton_launch.TritonLaunches`, None: one of this call's own): the embedding op calls
+    SGLang's kernel with the batch info; the others bind the op to it with ``launches``
+    (:func:`bind`) and pass the per-call arguments (:data:`.batch_binding.BOUND_PARAMETERS`). The
+    loose index arguments are checked for presence only (the batch info describes the batch).
 
     Raises:
         TypeError: for arguments the interface's signature does not accept.
     """
     interface = signature(op)
-    with_batch_info = interface.replace(
-        parameters=[*interface.parameters.values(), inspect.Parameter("batch_info", inspect.Parameter.KEYWORD_ONLY)]
-    )
+    own = [inspect.Parameter("batch_info", inspect.Parameter.KEYWORD_ONLY)]
+    if op in _BOUND_METHODS:
+        own.append(inspect.Parameter("launches", inspect.Parameter.KEYWORD_ONLY, default=None))
+    with_own = interface.replace(parameters=[*interface.parameters.values(), *own])
 
     def call(*args, **kwargs) -> torch.Tensor:
-        arguments = with_batch_info.bind(*args, **kwargs)
+        arguments = with_own.bind(*args, **kwargs)
         arguments.apply_defaults()
         given = arguments.arguments
         if op == "embedding_lora_a_fwd":  # one call per forward, not bound to the batch
@@ -184,10 +187,15 @@ def _keyword_op(op: str) -> Callable[..., torch.Tensor]:
                 input_ids=given["input_ids"], weights=given["weights"], batch_info=given["batch_info"],
                 vocab_size=given["vocab_size"], extra_embeddings=given["extra_embeddings"],
             )
-        return bind(op, given["batch_info"])(*(given[name] for name in BOUND_PARAMETERS[op]))
+        launches = given["launches"]
+        if launches is None:  # this call's own: its launches go through Triton's JITFunction.run
+            from sglang_xpu_lora.providers.triton_launch import TritonLaunches  # imports Triton (triton_support's check)
+
+            launches = TritonLaunches()
+        return bind((op,), given["batch_info"], launches)[op](*(given[name] for name in BOUND_PARAMETERS[op]))
 
     call.__name__ = call.__qualname__ = op
-    call.__signature__ = with_batch_info
+    call.__signature__ = with_own
     call.__doc__ = f"SGLang's Triton kernel for the interface's ``{op}`` (:mod:`.base`), called with ``batch_info``."
     return call
 
@@ -220,11 +228,12 @@ class TritonProvider(Provider):
             f"Unset {KERNELS_ENV} or set {KERNELS_ENV}=torch for the portable kernels"
         )
 
-    def bind_to_batch(self, name: str, batch_info) -> Callable[..., torch.Tensor]:
-        return bind(name, batch_info)
+    def bind_to_batch(self, names: tuple, batch_info, launches) -> dict[str, Callable[..., torch.Tensor]]:
+        return bind(names, batch_info, launches)
 
 
 PROVIDER = TritonProvider(
     name="triton", title="Triton", contracts_over_max_rank=False, expands_read_spaced_slices=False,
     shrink_feeds_only_own_expands=True, avoids_host_syncs_in_eager_decode=True, serves_dense_tier=True,
+    uses_launch_cache=True,
 )
