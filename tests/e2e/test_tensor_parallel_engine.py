@@ -31,6 +31,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,8 +50,12 @@ ADAPTERS = [*tiny_model.ADAPTER_NAMES, EMB]  # sql-r8, doc-r16, qv-r4, emb-head-
 PROVIDERS = {
     "portable": {"SGLANG_XPU_LORA_KERNELS": "torch"},
     "native": {"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"},
-    # The dense tier for every batch's linears: one collective of base + LoRA per row-parallel linear.
-    "dense": {"SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1"},
+    # The dense tier for every batch's linears: one collective of base + LoRA per row-parallel linear;
+    # decode batches on the fused per-row kernel (a plan table of one row), prefill on SGLang's plans.
+    "dense": {
+        "SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1",
+        "SGLANG_XPU_LORA_PLANS": str(Path(__file__).with_name("fused_decode.plans.json")),
+    },
 }
 #: Every op of the emulated full build that this model's adapters use, the embedding's included.
 FULL_BUILD_OPS = {
