@@ -124,7 +124,7 @@ def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
     adapters are checked at load."""
     from sglang_xpu_lora import providers
 
-    device = report["device"] or "cpu"
+    device = ops_device(report)
     try:
         report["kernels"] = providers.kernels_choice()
         with _quiet(providers.logger):  # the report says it all, once
@@ -144,6 +144,11 @@ def check_ops(report: dict[str, Any], device: Optional[str]) -> None:
         except ValueError as exc:  # a bad plan table or threshold: the server would refuse to start
             report["problems"].append(str(exc))
     add_adapter_checks(report)
+
+
+def ops_device(report: dict[str, Any]) -> str:
+    """The device the LoRA ops are selected for: the serving device, or ``cpu`` where none was found."""
+    return report["device"] or "cpu"
 
 
 def dense_tier_report(selection, device: str) -> Optional[dict[str, Any]]:
@@ -204,7 +209,10 @@ def render_device(report: dict[str, Any]) -> list[str]:
 
 
 def render_ops_section(report: dict[str, Any]) -> list[str]:
-    lines = ["", *wrap(f"LoRA ops (SGLANG_XPU_LORA_KERNELS={report['kernels']}; provider outside / inside XPU graphs):")]
+    lines = ["", *wrap(
+        f"LoRA ops for device {ops_device(report)} (SGLANG_XPU_LORA_KERNELS={report['kernels']}; "
+        "provider outside / inside graphs):"
+    )]
     lines += render_ops(report["ops"])
     if "pool_layout" in report:
         lines.append(f"LoRA pool layout: {report['pool_layout']}")

@@ -9,8 +9,10 @@
   this CPU machine and the tiny model, for ``intel_xpu`` and SGLang's ``torch_native``. Every
   request picks one of the adapters; with all names passed as one argument (the old bug) the
   server would fail them, so ``completed`` counts them.
-- The README's command that serves the demo's model and adapters by hand on the CPU, as written:
-  every adapter answers as transformers + PEFT, with the small KV cache the README promises.
+- The README's command that serves the demo's model and adapters by hand on the CPU, as written
+  (with the chat template the demo writes): every adapter answers as transformers + PEFT, with the
+  small KV cache the README promises, and the README's chat request after it answers as
+  ``/generate`` on the chat-templated prompt.
 
 Each run gets a private ``/dev/shm`` and ``$TMPDIR`` (``tests/sandbox.py``) that must be empty
 afterwards.
@@ -18,6 +20,7 @@ afterwards.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -82,12 +85,23 @@ def readme_block(after: str) -> str:
     return text[text.index(after):].split("```bash\n", 1)[1].split("```", 1)[0]
 
 
+def demo_chat_template() -> str:
+    """The chat template the CPU demo writes to ``artifacts/chat_template.jinja``."""
+    spec = importlib.util.spec_from_file_location("serve_lora_cpu", REPO / "examples" / "serve_lora_cpu.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo.CHAT_TEMPLATE
+
+
 def test_readme_cpu_serve_command(tiny_artifacts, hf_reference, tokenizer, tmp_path):
     artifacts = tiny_artifacts["base"].parent
     port = serving.free_port()
+    template = tmp_path / "chat_template.jinja"  # as the demo leaves it in artifacts/
+    template.write_text(demo_chat_template())
     command = (
         readme_block("To serve them by hand on the CPU:")
         .replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+        .replace("artifacts/chat_template.jinja", str(template))
         .replace("artifacts/", f"{artifacts}/")
         .replace("--port 30000", f"--port {port}")
     )
@@ -107,6 +121,21 @@ def test_readme_cpu_serve_command(tiny_artifacts, hf_reference, tokenizer, tmp_p
                  "sampling_params": {"temperature": 0.0, "max_new_tokens": serving.GREEDY_TOKENS, "ignore_eos": True}},
             )
             assert out["output_ids"] == hf_reference(prompt, lora)[1], name
+        curl = readme_block("the adapter after it:")  # the README's chat request to this server
+        chat = json.loads(curl.split("-d '", 1)[1].rsplit("'", 1)[0])
+        base, adapter = chat["model"].split(":")
+        assert base == words[words.index("--served-model-name") + 1] and adapter in adapters, chat["model"]
+        reply = serving.post_json(f"http://127.0.0.1:{port}/v1/chat/completions", chat)
+        templated = tokenizer.apply_chat_template(
+            chat["messages"], chat_template=template.read_text(), add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        )
+        out = serving.post_json(
+            f"http://127.0.0.1:{port}/generate",
+            {"input_ids": templated, "lora_path": adapter,
+             "sampling_params": {"temperature": 0.0, "max_new_tokens": chat["max_tokens"]}},
+        )
+        assert reply["choices"][0]["message"]["content"] == out["text"], (reply, out)
     assert "KV Cache is allocated. dtype: torch.float32, #tokens: 4096," in log.read_text()
 
 

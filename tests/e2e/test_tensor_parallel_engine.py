@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import load_file
 
 from sglang_cpu_devsupport import kernel_emulator, pool_snapshot, serving, slot_poison, tiny_model
+from sglang_xpu_lora import __version__
 
 pytestmark = pytest.mark.e2e
 
@@ -254,7 +255,7 @@ def assert_one_plugin_line_per_process(log: str, members: set) -> None:
     """The server's log at SGLang's default level: the plugin's line once in each process (the
     launcher, the detokenizer, both ranks' schedulers), each process its own pid; the backend's
     line once per rank."""
-    loaded = [line for line in log.splitlines() if "sglang-xpu-lora 0.1.0 loaded (SGLang 0.5.23, pid " in line]
+    loaded = [line for line in log.splitlines() if f"sglang-xpu-lora {__version__} loaded (SGLang 0.5.23, pid " in line]
     assert all(line.endswith("): --lora-backend intel_xpu registered") for line in loaded), loaded
     pids = [line.split(", pid ")[1].split(")")[0] for line in loaded]
     assert len(pids) == len(set(pids)) >= 4 and set(pids) <= members, (loaded, members)

@@ -100,6 +100,7 @@ def test_triton_mode(capsys, monkeypatch, sglang_plugins_loaded):
     assert report["pool_layout"] == "SGLang's packed layout at real ranks"
     assert all("interpreter (TRITON_INTERPRET=1)" in op["reason"] for op in report["ops"])
     status, text = run_doctor(capsys)
+    assert "LoRA ops for device cpu (SGLANG_XPU_LORA_KERNELS=triton; provider outside / inside graphs):" in text
     assert text.count(" triton / triton ") == len(OP_NAMES) and "LoRA pool layout: SGLang's packed layout at real ranks Linears" in text
     assert report["dense_tier"] == {
         "modes": ["eager", "graphs"], "eager_min_tokens": 2048, "direct_launches": True, "plans": ["SGLang's default"],
@@ -201,3 +202,6 @@ def test_cpu_needs_the_cpu_engine_switch(capsys, monkeypatch, sglang_plugins_loa
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     status, report = run_doctor(capsys, "--json", "--device", "cpu")
     assert status == 0 and report["device"] == "cpu" and report["device_source"] == "--device given"
+    status, text = run_doctor(capsys, "--device", "cpu")
+    assert status == 0  # the table names the device it was selected for, not an XPU's graphs
+    assert "LoRA ops for device cpu (SGLANG_XPU_LORA_KERNELS=torch; provider outside / inside graphs):" in text

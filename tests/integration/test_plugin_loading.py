@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from sglang_xpu_lora import __version__
+
 pytestmark = pytest.mark.launches
 
 LOAD = """
@@ -112,7 +114,7 @@ def test_one_line_per_process_once_sglang_configured_logging(run_python, tiny_ar
     lines = [line for line in result.stderr.splitlines() if "sglang-xpu-lora" in line]
     assert len(lines) == 1, lines
     assert lines[0].startswith("[") and lines[0].endswith(  # SGLang's format: after configure_logger
-        f"] sglang-xpu-lora 0.1.0 loaded (SGLang 0.5.23, pid {pid}): --lora-backend intel_xpu registered"
+        f"] sglang-xpu-lora {__version__} loaded (SGLang 0.5.23, pid {pid}): --lora-backend intel_xpu registered"
     )
 
 
@@ -266,7 +268,7 @@ def test_second_distribution_adds_its_backend(run_python, tmp_path, tiny_artifac
     assert "ECHO EchoLoRABackend" in result.stdout
     assert "CSGMV ChunkedSgmvLoRABackend" in result.stdout
     assert (
-        "BACKENDS [('echo_native', 'echo', 'echo-lora-backend 0.0.1'), ('intel_xpu', 'intel_xpu', 'sglang-xpu-lora 0.1.0')]"
+        f"BACKENDS [('echo_native', 'echo', 'echo-lora-backend 0.0.1'), ('intel_xpu', 'intel_xpu', 'sglang-xpu-lora {__version__}')]"
         in result.stdout
     )
     rendered = " ".join(result.stdout.split())  # doctor wraps its lines at 100 columns
@@ -360,7 +362,7 @@ def test_a_failed_patch_rolls_back_everything_and_hooks_come_first(run_python):
     )
     undone = "; ".join(f"undid the {kind} hook on {target}" for kind, target in reversed(hooks))
     assert (
-        "REFUSED --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no LoRA backend in this "
+        f"REFUSED --lora-backend intel_xpu is unavailable: sglang-xpu-lora {__version__} registered no LoRA backend in this "
         "environment because could not patch SGLang: patch log_lines failed (RuntimeError: boom); rolled back: "
         f"undid --lora-backend choice 'intel_xpu'; undid LoRA backend 'intel_xpu'; {undone}. Run `sglang-xpu-lora doctor`"
     ) in result.stdout

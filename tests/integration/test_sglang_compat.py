@@ -12,6 +12,7 @@ import sys
 import pytest
 from packaging.version import Version
 
+from sglang_xpu_lora import __version__
 from sglang_xpu_lora.upstream import attributes, compat, targets
 from sglang_cpu_devsupport import serving
 
@@ -89,7 +90,7 @@ def test_incompatible_host_registers_nothing_and_refuses_intel_xpu_with_the_reas
     result = run_python(INCOMPATIBLE.format(hide_hook_registry=False, model=tiny_artifacts["base"]))
     assert "REGISTERED False PARSES True" in result.stdout, result.stderr[-3000:]
     assert (
-        "REFUSED BackendArgumentError --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no "
+        f"REFUSED BackendArgumentError --lora-backend intel_xpu is unavailable: sglang-xpu-lora {__version__} registered no "
         "LoRA backend in this environment because SGLang 0.4.0 is outside the tested range >=0.5.23,<0.5.24: "
         "install sglang==0.5.23"
     ) in result.stdout
@@ -155,10 +156,10 @@ def test_sglang_serve_with_a_broken_kernel_exits_with_the_reason(tiny_artifacts,
     assert result.returncode == 1, output[-3000:]
     assert "Traceback" not in output and "invalid choice" not in output, output[-3000:]
     assert result.stderr.rstrip().splitlines()[-1].startswith(
-        f"error: --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no LoRA backend in this "
+        f"error: --lora-backend intel_xpu is unavailable: sglang-xpu-lora {__version__} registered no LoRA backend in this "
         f"environment because {BROKEN_ROOT_CAUSE}"
     ), output[-3000:]
-    logged = [line for line in output.splitlines() if "sglang-xpu-lora 0.1.0 loaded" in line]
+    logged = [line for line in output.splitlines() if f"sglang-xpu-lora {__version__} loaded" in line]
     assert len(logged) == 1 and f"no LoRA backend registered: {BROKEN_ROOT_CAUSE}" in logged[0], logged
 
 
@@ -269,7 +270,7 @@ def test_another_plugin_wrapping_a_checked_function(run_python, tiny_artifacts, 
         assert "REFUSED" not in result.stdout
     else:
         assert (
-            "REFUSED --lora-backend intel_xpu is unavailable: sglang-xpu-lora 0.1.0 registered no LoRA backend in "
+            f"REFUSED --lora-backend intel_xpu is unavailable: sglang-xpu-lora {__version__} registered no LoRA backend in "
             f"this environment because SGLang 0.5.23: {targets.LORA_MANAGER_LOAD_ADAPTER} is replaced by "
             "timing_plugin.wrap.<locals>.timed_call (distribution timing-plugin), which does not keep SGLang's "
             "function as __wrapped__"

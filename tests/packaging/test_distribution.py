@@ -39,6 +39,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import warnings
 import zipfile
 from email.parser import Parser
@@ -50,7 +51,9 @@ from sandbox import can_unshare
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-NAME, VERSION = "sglang_xpu_lora", "0.1.0"
+NAME = "sglang_xpu_lora"
+#: The version the checkout builds (pyproject.toml), as it appears in the distributions' file names.
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 EPOCH = "1764460800"  # 2025-11-30T00:00:00Z: any fixed value
 #: Tracked files that are not part of the project's source distribution: the CI machinery's hook.
 NOT_IN_SDIST = (".ci/", ".gitignore")

@@ -10,8 +10,10 @@ Why: what only the scheduler can decide (an adapter named by a Hub id that does 
     action kills it. Either way a ``sglang.Engine(...)`` caller dies (rc 137 or 131) and the
     reason exists only in the log.
 How: for launches with LoRA on a backend in scope (:mod:`sglang_xpu_lora.adapters.checked_backends`)
-    and no ``--custom-sigquit-handler``, the launching thread opens a :class:`Launch`: a report
-    file and the launcher's pid, named in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` and
+    and no ``custom_sigquit_handler`` (a ``ServerArgs`` field, a callable, set from Python as in
+    ``sglang.Engine(..., custom_sigquit_handler=...)``: SGLang 0.5.23 has no command-line flag for
+    it), the launching thread opens a :class:`Launch`: a report file and the launcher's pid, named
+    in :data:`~sglang_xpu_lora.settings.STARTUP_REPORT_ENV` and
     :data:`~sglang_xpu_lora.settings.STARTUP_LAUNCHER_ENV` (inherited by the processes it
     spawns), the child processes that existed before it, and the ``TokenizerManager`` objects made
     during it. A scheduler whose ``__init__`` raises appends ``Type: message`` to the report (the
@@ -116,7 +118,8 @@ class Launch:
 
 def in_scope(server_args: Any) -> bool:
     """Whether a launch's scheduler start-up failures are raised in its caller: LoRA on a backend
-    in scope, and no ``--custom-sigquit-handler`` (whose user wants SGLang's SIGQUIT)."""
+    in scope, and no ``custom_sigquit_handler`` (the ``ServerArgs`` field, set from Python only;
+    whose user wants SGLang's SIGQUIT)."""
     cfg = resolve(targets.RESOLVING_VIEW)(server_args)
     return (
         bool(cfg.enable_lora or cfg.lora_paths)
