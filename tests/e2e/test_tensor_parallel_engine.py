@@ -52,7 +52,8 @@ PROVIDERS = {
     "portable": {"SGLANG_XPU_LORA_KERNELS": "torch"},
     "native": {"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"},
     # The dense tier for every batch's linears: one collective of base + LoRA per row-parallel linear;
-    # decode batches on the fused per-row kernel (a plan table of one row), prefill on SGLang's plans.
+    # decode batches on the fused kernels (gate_up grouped beside the GEMM, the others per row:
+    # fused_decode.plans.json), prefill on SGLang's plans.
     "dense": {
         "SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1",
         "SGLANG_XPU_LORA_PLANS": str(Path(__file__).with_name("fused_decode.plans.json")),

@@ -115,7 +115,7 @@ def test_a_row_parallel_linear_reduces_base_plus_lora_once(backend_for, tier):
 
 
 #: A plan table of one row for every call: the fused per-row kernel (``dense/fused.py``).
-FUSED_TABLE = {"rows": [{"name": "fused", "spec": {"fused": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 1}}}]}
+FUSED_TABLE = {"rows": [{"name": "fused", "spec": {"fused": "per_row", "tiles": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 1}}}]}
 
 
 @pytest.mark.parametrize("table", [None, FUSED_TABLE], ids=["shipped-plans", "fused-plan"])

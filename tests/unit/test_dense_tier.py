@@ -4,7 +4,7 @@ the rows (base GEMM + ``scaling * B_p (A_p x)`` per slice at the slot's real ran
 
 Every plan family the tables can name (shrink grouped with and without split-K in both split modes,
 per-row, all-slots; expand grouped and per-row; overlap none, ``a``, ``ab_delta``; the project's
-fused per-row kernel, overlap none and ``ab_delta``), on one, two
+fused kernels, per row and grouped, overlap none and ``ab_delta``), on one, two
 (gate/up) and three uneven (q/k/v) slices, fp32 and fp16 (the interpreter multiplies bf16 bit
 patterns in ``tl.dot``: triton-lang/triton#11584). The pool holds ranks below the maximum, a rank-0
 slot, and stale rank tails (a reused slot: nothing zeroes them for the dense tier), and a slot that
@@ -44,8 +44,10 @@ PLANS = {
     "per_row/grouped/none": dict(a_family="per_row", b_family="grouped", overlap="none"),
     "all_slots/per_row/ab_delta": dict(a_family="all_slots", b_family="per_row", overlap="ab_delta"),
     "all_slots/per_row/none": dict(a_family="all_slots", b_family="per_row", overlap="none"),
-    "fused/none": dict(fused=FUSED_TILES, overlap="none"),
-    "fused/ab_delta": dict(fused=FUSED_TILES, overlap="ab_delta"),
+    "fused-per-row/none": dict(fused="per_row", tiles=FUSED_TILES, overlap="none"),
+    "fused-per-row/ab_delta": dict(fused="per_row", tiles=FUSED_TILES, overlap="ab_delta"),
+    "fused-grouped/none": dict(fused="grouped", tiles=FUSED_TILES, block_size=16, overlap="none"),
+    "fused-grouped/ab_delta": dict(fused="grouped", tiles=FUSED_TILES, block_size=16, overlap="ab_delta"),
 }
 
 
@@ -191,7 +193,7 @@ def test_a_long_prefill_routes_without_the_cuda_only_alignment_kernel():
     assert_rows_close(out, ref, list(range(len(rows))), torch.float32)
 
 
-@pytest.mark.parametrize("plan_name", ["grouped/grouped/none", "fused/none", "fused/ab_delta"])
+@pytest.mark.parametrize("plan_name", ["grouped/grouped/none", "fused-per-row/none", "fused-grouped/ab_delta"])
 def test_row_parallel_makes_one_collective_of_base_plus_lora(plan_name):
     """At TP > 1 a row-parallel linear reduces once, base and LoRA summed (B is replicated)."""
     reduced = []
@@ -253,10 +255,14 @@ def test_the_plans_variable_names_a_table_read_before_the_shipped_ones(tmp_path,
         ({"name": "bad", "max_tokens": -1}, "max_tokens must be a non-negative integer"),
         ({"name": "bad", "min_tokens": 4}, "unknown keys"),
         ({"name": "bad", "spec": {"overlap": "sideways"}}, "sideways"),
-        ({"name": "bad", "spec": {"fused": {**FUSED_TILES, "BLOCK_SIZE_N": 24}}}, "power of two"),
-        ({"name": "bad", "spec": {"fused": {"BLOCK_SIZE_N": 16}}}, "fused tiles need exactly"),
-        ({"name": "bad", "spec": {"fused": FUSED_TILES, "overlap": "a"}}, "a fused plan overlaps as"),
-        ({"name": "bad", "spec": {"fused": FUSED_TILES, "block_size": 16}}, "a fused spec takes"),
+        ({"name": "bad", "spec": {"fused": "per_row", "tiles": {**FUSED_TILES, "BLOCK_SIZE_N": 24}}}, "power of two"),
+        ({"name": "bad", "spec": {"fused": "grouped", "tiles": {**FUSED_TILES, "BLOCK_SIZE_K": 8}, "block_size": 16}}, ">= 16"),
+        ({"name": "bad", "spec": {"fused": "per_row", "tiles": {"BLOCK_SIZE_N": 16}}}, "fused tiles need exactly"),
+        ({"name": "bad", "spec": {"fused": "per_row", "tiles": FUSED_TILES, "overlap": "a"}}, "a fused plan overlaps as"),
+        ({"name": "bad", "spec": {"fused": "per_row", "tiles": FUSED_TILES, "block_size": 16}}, "a per-row one takes none"),
+        ({"name": "bad", "spec": {"fused": "grouped", "tiles": FUSED_TILES}}, "needs a block_size"),
+        ({"name": "bad", "spec": {"fused": "sideways", "tiles": FUSED_TILES}}, "form is one of"),
+        ({"name": "bad", "spec": {"fused": "per_row", "tiles": FUSED_TILES, "a_tiles": {}}}, "a fused spec takes"),
     ],
 )
 def test_a_bad_table_row_is_refused_naming_file_and_row(tmp_path, monkeypatch, row, message):
@@ -276,7 +282,7 @@ def test_a_fused_plan_refuses_what_only_sglangs_plans_serve():
     with a fused plan is refused, not run wrongly."""
     from sglang.srt.lora.utils import Phase
 
-    runner = runner_for("fused/none")
+    runner = runner_for("fused-per-row/none")
     runner.begin_lora_batch(batch_info(REQUESTS), requests=len(REQUESTS), num_tokens=11, phase=Phase.DECODE, graph=False)
     a, b = pool(SLICES["one"], torch.float32)
     x = torch.zeros(11, K)
