@@ -84,8 +84,9 @@ def sweep_ranking(path: Path, phase: str) -> dict:
 
 
 def alternatives(model, linear: str, pool_rank: int, tokens: int, table, ranking: dict, args) -> list[tuple[str, object]]:
-    """``(name, DensePlan)`` tried for ``linear`` in a group: the table's current plan first, then
-    SGLang's own plan (its table for ``args.architecture``) and the sweep's ``args.top`` fastest,
+    """``(name, plan)`` (``DensePlan`` or ``FusedPlan``) tried for ``linear`` in a group: the
+    table's current plan first, then SGLang's own plan (its table for ``args.architecture``) and
+    the sweep's ``args.top`` fastest (by label, among the candidates of ``args.quick``'s set),
     without repeats."""
     from sglang.srt.lora.dense.plan import DenseLoraKind, DensePlanTable
     from sglang.srt.lora.utils import Phase
@@ -96,7 +97,7 @@ def alternatives(model, linear: str, pool_rank: int, tokens: int, table, ranking
     kind, phase = DenseLoraKind.LINEAR, Phase(args.phase)
     found = [("table", table.plan_for(kind, phase, tokens, pool_rank, in_dim, sum(outs)))]
     found.append(("sglang", DensePlanTable(args.architecture, pool_rank).plan_for(kind, phase, tokens, in_dim, sum(outs))))
-    by_label = {spec_label(spec): spec for spec in candidates(args.phase)}
+    by_label = {spec_label(spec): spec for spec in candidates(args.phase, args.quick)}
     for label in ranking.get((model.name, linear, pool_rank, tokens), [])[: args.top]:
         found.append((label, plan_from_spec(by_label[label])))
     unique, seen = [], set()
@@ -288,6 +289,7 @@ def main(argv=None) -> None:
     changed = rewrite_table(table_path, records, models)
     phase = "-prefill" if args.phase == "prefill" else ""
     results = Path(args.results) / f"plan-refine-{device.type}{phase}{'-quick' if args.quick else ''}.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(dict(machine=machine(), args=vars(args), groups=records), indent=1, default=str))
     print(f"{changed} rows of {table_path} rewritten; wrote {results}")
 

@@ -153,3 +153,28 @@ def test_every_plan_sweep_candidate_is_a_valid_plan_with_its_own_label(phase):
     fused = candidates(phase, families="fused")
     assert bool(fused) == (phase == "decode") and all("fused" in spec for spec in fused)
     assert candidates(phase, families="sglang") + fused == specs
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["grid", "quick"])
+def test_plan_refine_tries_the_sweeps_fastest_plans_fused_ones_included(quick):
+    """The whole-layer refinement takes the sweep's ranking by label, for the candidate set the
+    sweep ran (``--quick`` has its own small tiles), fused plans included, without repeats."""
+    import types
+
+    import torch
+
+    from benchmarks.ops import TINY
+    from benchmarks.plan_refine import alternatives
+    from benchmarks.plan_sweep import candidates, spec_label
+
+    from sglang_xpu_lora.dense.fused import FusedPlan
+    from sglang_xpu_lora.dense.plans import PlanTable
+
+    specs = candidates("decode", quick)
+    fused = [spec for spec in specs if "fused" in spec][:2]
+    ranking = {(TINY.name, "qkv", 16, 8): [spec_label(spec) for spec in (*fused, fused[0])]}
+    args = types.SimpleNamespace(phase="decode", quick=quick, top=3, architecture="sm90")
+    table = PlanTable(torch.device("cpu"), "default", rows=[])
+    found = alternatives(TINY, "qkv", 16, 8, table, ranking, args)
+    assert [name for name, _ in found][2:] == [spec_label(spec) for spec in fused]
+    assert all(isinstance(plan, FusedPlan) for _, plan in found[2:])
