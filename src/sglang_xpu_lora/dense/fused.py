@@ -109,9 +109,9 @@ def _column_tile(
     slice_offsets_ptr, out_offsets_ptr, pid_n,
     NUM_SLICES: tl.constexpr, UNIFORM_WIDTH: tl.constexpr, OUT_STRIDE: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
 ):
-    """Column tile ``pid_n``'s slice, its first column in the slice, the slice's first row of B and
-    width, and its first output column, as SGLang's expand kernels map a tile (uniform slices from
-    the constants, others by SGLang's ``_slice_of_tile``)."""
+    """Column tile ``pid_n``: its slice, its ``BLOCK_SIZE_N`` columns within the slice (int64), the
+    slice's first row of B and its width, and the slice's first output column, as SGLang's expand
+    kernels map a tile (uniform slices from the constants, others by SGLang's ``_slice_of_tile``)."""
     if UNIFORM_WIDTH > 0:
         tiles_per_slice: tl.constexpr = (UNIFORM_WIDTH + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
         slice_id = pid_n // tiles_per_slice

@@ -3,8 +3,8 @@
 A plan is SGLang 0.5.23's ``DensePlan`` (``srt/lora/dense/plan.py``): the shrink family
 (``grouped`` split-K, ``per_row``, ``all_slots``), the expand family (``grouped``, ``per_row``), the
 overlap with the base GEMM (``none``, ``a``, ``ab_delta``), the route's block size and the tiles;
-or the project's :class:`~sglang_xpu_lora.dense.fused.FusedPlan` (shrink and expand in one kernel
-per token, for decode). A table is a JSON file in SGLang's ``plans.json`` schema:
+or the project's :class:`~sglang_xpu_lora.dense.fused.FusedPlan` (shrink and expand in one kernel,
+per token or per block of rows of one adapter, for decode). A table is a JSON file in SGLang's ``plans.json`` schema:
 ``{"rows": [row, ...]}``, each row ``{"name", "phase", "kinds", "max_tokens", "max_rank",
 "min_in_features", "max_in_features", "min_out_features", "max_out_features", "spec"}`` (every
 selector optional; ``spec`` as ``DensePlan``'s fields, or, the one addition to SGLang's schema,

@@ -159,9 +159,9 @@ class DeviceDenseRunner(DenseLoraRunner):
     def apply(self, x: torch.Tensor, base_fn, plan, *, a: torch.Tensor, b: torch.Tensor, offsets: tuple, all_reduce=None, **options) -> torch.Tensor:
         """Base output plus LoRA for one linear: SGLang's ``DenseLoraRunner.apply`` for a
         ``DensePlan``; for a :class:`~sglang_xpu_lora.dense.fused.FusedPlan`, its fused kernel
-        (:mod:`sglang_xpu_lora.dense.fused`; the grouped one on the batch's aligned route) after ``base_fn()`` into its
-        output (overlap ``none``), or on the side stream into a zeroed delta that is added after
-        the base GEMM (``ab_delta``, as SGLang's ``ab_delta`` adds its delta).
+        (:mod:`sglang_xpu_lora.dense.fused`; the grouped one on the batch's aligned route) after
+        ``base_fn()`` into its output (overlap ``none``), or on the side stream into a zeroed delta
+        that is added after the base GEMM (``ab_delta``, as SGLang's ``ab_delta`` adds its delta).
 
         ``x``: ``(tokens, K)``; ``a``: ``(slots, slices * max_rank, K)``; ``b``: ``(slots,
         offsets[-1], max_rank)``; ``offsets``: host ints, the output slices' bounds; ``all_reduce``:
