@@ -68,19 +68,24 @@ class ChosenPlans:
         return self.table.plan_for(kind, phase, tokens, max_rank, in_features, out_features)
 
 
-def sweep_ranking(path: Path, phase: str) -> dict:
-    """(model, linear, pool rank, tokens) -> the ``phase`` candidates' labels, fastest first, from a
-    :mod:`benchmarks.plan_sweep` results file."""
-    if not path.exists():
-        return {}
-    ranking = {}
-    for entry in json.loads(path.read_text())["points"]:
-        p = entry["point"]
-        if p["phase"] != phase:
+def sweep_ranking(paths: list[Path], phase: str) -> dict:
+    """(model, linear, pool rank, tokens) -> the ``phase`` candidates' labels, fastest first, over
+    one or more :mod:`benchmarks.plan_sweep` results files (e.g. an earlier full sweep and a sweep
+    of new candidates only: their times are merged per point; a label measured twice keeps its
+    faster time). Missing files are skipped."""
+    times: dict = {}
+    for path in paths:
+        if not path.exists():
             continue
-        timed = sorted((c for c in entry["candidates"] if "us" in c), key=lambda c: c["us"])
-        ranking[(p["model"], p["linear"], p["pool_rank"], p["tokens"])] = [c["label"] for c in timed]
-    return ranking
+        for entry in json.loads(path.read_text())["points"]:
+            p = entry["point"]
+            if p["phase"] != phase:
+                continue
+            point = times.setdefault((p["model"], p["linear"], p["pool_rank"], p["tokens"]), {})
+            for c in entry["candidates"]:
+                if "us" in c:
+                    point[c["label"]] = min(c["us"], point.get(c["label"], float("inf")))
+    return {key: sorted(point, key=point.get) for key, point in times.items()}
 
 
 def alternatives(model, linear: str, pool_rank: int, tokens: int, table, ranking: dict, args) -> list[tuple[str, object]]:
@@ -233,7 +238,8 @@ def main(argv=None) -> None:
     parser.add_argument("--shard", default="0/1", help="i/n: only every n-th group from the i-th (parallel compile runs)")
     parser.add_argument("--budget-seconds", type=float, default=float("inf"), help="stop starting groups after this")
     parser.add_argument("--table", help="the plan table to refine (default: the shipped table of the device family)")
-    parser.add_argument("--sweep", default=str(RESULTS / "plan-sweep-cuda.json"), help="the sweep's results (its rankings)")
+    parser.add_argument("--sweep", nargs="+", default=[str(RESULTS / "plan-sweep-cuda.json")],
+                        help="the sweep's results (its rankings); several are merged per point")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.quick:
@@ -267,7 +273,7 @@ def main(argv=None) -> None:
         for tokens in ((8,) if args.quick else (args.tokens or (PREFILL_TOKENS if args.phase == "prefill" else DECODE_TOKENS)))
     ]
     shard, shards = (int(v) for v in args.shard.split("/"))
-    ranking, records, started = sweep_ranking(Path(args.sweep), args.phase), [], time.perf_counter()
+    ranking, records, started = sweep_ranking([Path(f) for f in args.sweep], args.phase), [], time.perf_counter()
     server = None
     for model, rank, tokens in groups[shard::shards]:
         if time.perf_counter() - started > args.budget_seconds:

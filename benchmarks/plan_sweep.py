@@ -31,8 +31,9 @@ sm90 compiles of both kernels had no asynchronous copies to pipeline at 2 or 3);
     bash benchmarks/run_plan_gpu.sh plan_sweep                          # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
     python -m benchmarks.plan_sweep --candidates fused --phases decode --tokens 1 8 32 --out /tmp/fused.plans.json
-        # the fused kernels alone, ranked in plan-sweep-cuda-fused.json; then, in whole layers against the shipped table:
-    python -m benchmarks.plan_refine --tokens 1 8 32 --sweep benchmarks/results/plan-sweep-cuda-fused.json
+        # the fused kernels alone, ranked in plan-sweep-cuda-fused.json (--overlaps: only some overlaps); then, in
+        # whole layers against the shipped table, with the full sweep's ranking merged in:
+    python -m benchmarks.plan_refine --tokens 1 8 32 --sweep benchmarks/results/plan-sweep-cuda.json benchmarks/results/plan-sweep-cuda-fused.json
 
 The sweep times each linear alone; a whole layer can prefer other plans (the route a layer builds
 once serves several linears). Where the layer benchmark measured SGLang's own plans faster,
@@ -75,10 +76,11 @@ PREFILL_TOKENS = (512, 2048, 8192)
 POOL_RANKS = (64, 16)
 
 
-def candidates(phase: str, quick: bool = False, families: str = "all") -> list[dict]:
+def candidates(phase: str, quick: bool = False, families: str = "all", overlaps=None) -> list[dict]:
     """Plan specs (JSON values) tried at a point of ``phase``: ``DensePlan`` fields (SGLang's
     kernels) and, in decode, the fused kernels' (:class:`~sglang_xpu_lora.dense.fused.FusedPlan`);
-    ``families``: ``all``, ``sglang`` or ``fused`` (only those)."""
+    ``families``: ``all``, ``sglang`` or ``fused`` (only those); ``overlaps``: only the plans of
+    these overlaps (names; None: every one)."""
     specs = []
     if phase == "decode":
         shrinks = [("grouped", {"SPLIT_K": k}) for k in (4, 8, 16)] + [("per_row", {}), ("all_slots", {})]
@@ -114,7 +116,8 @@ def candidates(phase: str, quick: bool = False, families: str = "all") -> list[d
         ]
         firsts = [next(spec for spec in fused if spec["fused"] == form) for form in ("per_row", "grouped")] if fused else []
         fused = [{**spec, "tiles": {**spec["tiles"], "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16}} for spec in firsts]
-    return {"all": specs + fused, "sglang": specs, "fused": fused}[families]
+    chosen = {"all": specs + fused, "sglang": specs, "fused": fused}[families]
+    return [spec for spec in chosen if overlaps is None or spec["overlap"] in overlaps]
 
 
 def spec_label(spec: dict) -> str:
@@ -162,7 +165,7 @@ def sweep_point(case: Case, name: str, phase: str, args) -> dict:
     point = dict(model=model.name, linear=name, K=x.shape[1], N=offsets[-1], pool_rank=pool_rank,
                  real_rank=case.real_rank, adapters=args.adapters, tokens=tokens, phase=phase)
     results = []
-    for spec in candidates(phase, args.quick, args.candidates):
+    for spec in candidates(phase, args.quick, args.candidates, args.overlaps):
         label = spec_label(spec)
         runner = DeviceDenseRunner(DeviceLoraWorkspace(), max_loras=MAX_LORAS, device=device)
         runner.plans = PlanTable(device, "default", rows=[PlanRow({"name": label, "spec": spec})])
@@ -304,6 +307,8 @@ def main(argv=None) -> None:
     parser.add_argument("--pool-ranks", nargs="*", type=int, help=f"pool ranks (default {POOL_RANKS})")
     parser.add_argument("--candidates", choices=("all", "sglang", "fused"), default="all",
                         help="which plans to try: every family, SGLang's kernels only, or the fused kernels only (decode)")
+    parser.add_argument("--overlaps", nargs="+", choices=("none", "a", "ab_delta"),
+                        help="only the candidates of these overlaps (default: every one)")
     parser.add_argument("--real-rank", type=int, default=16, help="the adapters' rank (capped at the pool rank)")
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--calls", type=int, default=20)

@@ -178,3 +178,27 @@ def test_plan_refine_tries_the_sweeps_fastest_plans_fused_ones_included(quick):
     found = alternatives(TINY, "qkv", 16, 8, table, ranking, args)
     assert [name for name, _ in found][2:] == [spec_label(spec) for spec in fused]
     assert all(isinstance(plan, FusedPlan) for _, plan in found[2:])
+
+
+def test_plan_refine_merges_the_rankings_of_several_sweeps(tmp_path):
+    """An earlier full sweep and a sweep of new candidates rank together, per point, by time."""
+    from benchmarks.plan_refine import sweep_ranking
+
+    def sweep(name, candidates, phase="decode"):
+        point = dict(model="m", linear="qkv", pool_rank=16, tokens=1, phase=phase)
+        (tmp_path / name).write_text(json.dumps({"points": [{"point": point, "candidates": candidates}]}))
+        return tmp_path / name
+
+    old = sweep("old.json", [dict(label="a|x", us=5.0), dict(label="a|y", us=3.0), dict(label="a|z", failed="error")])
+    new = sweep("new.json", [dict(label="none|f", us=4.0), dict(label="a|x", us=2.0)])
+    other = sweep("prefill.json", [dict(label="none|p", us=1.0)], phase="prefill")
+    ranking = sweep_ranking([old, new, other, tmp_path / "missing.json"], "decode")
+    assert ranking == {("m", "qkv", 16, 1): ["a|x", "a|y", "none|f"]}
+
+
+def test_the_sweep_can_try_only_some_overlaps():
+    from benchmarks.plan_sweep import candidates
+
+    in_order = candidates("decode", families="sglang", overlaps=["none"])
+    assert in_order and all(spec["overlap"] == "none" and "fused" not in spec for spec in in_order)
+    assert {spec["overlap"] for spec in candidates("decode")} == {"none", "a", "ab_delta"}
