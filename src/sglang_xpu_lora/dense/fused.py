@@ -44,6 +44,11 @@ TILE_KEYS = ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages")
 #: or on the side stream into a delta added after the GEMM (``ab_delta``). SGLang's ``a`` overlaps
 #: a separate shrink, which a fused plan does not have.
 FUSED_OVERLAPS = (Overlap.NONE, Overlap.AB_DELTA)
+#: The largest column tile and K step a plan may name, and the grouped form's largest block of
+#: rows: a tile's values times the pool rank must stay under Triton's 2**20 elements per tensor,
+#: at ``--max-lora-rank`` up to 512 (larger tiles fail to compile, at the first call that needs them).
+MAX_TILE = 1024
+MAX_BLOCK_ROWS = 256
 #: The fused kernels: one program per token and column tile (:func:`fused_per_row_lora`), or per
 #: block of the adapter-aligned route and column tile (:func:`fused_grouped_lora`).
 FUSED_FORMS = ("per_row", "grouped")
@@ -79,22 +84,32 @@ class FusedPlan:
     def __post_init__(self) -> None:
         if self.form not in FUSED_FORMS:
             raise ValueError(f"a fused plan's form is one of {list(FUSED_FORMS)}, not {self.form!r}")
+        allowed = [o.value for o in FUSED_OVERLAPS]
+        try:  # the enum, also when given by name
+            object.__setattr__(self, "overlap", Overlap(self.overlap))
+        except ValueError:
+            raise ValueError(f"a fused plan overlaps as {allowed}, not {self.overlap!r}") from None
         if self.overlap not in FUSED_OVERLAPS:
-            raise ValueError(f"a fused plan overlaps as {[o.value for o in FUSED_OVERLAPS]}, not {self.overlap.value!r}")
+            raise ValueError(f"a fused plan overlaps as {allowed}, not {self.overlap.value!r}")
         if set(self.tiles) != set(TILE_KEYS):
             raise ValueError(f"fused tiles need exactly {list(TILE_KEYS)}, got {sorted(self.tiles)}")
         grouped = self.form == "grouped"
         for key, value in self.tiles.items():
             if type(value) is not int or value <= 0:
                 raise ValueError(f"fused.{key} must be a positive integer, not {value!r}")
-            if key.startswith("BLOCK_SIZE_") and (value & (value - 1) or (grouped and value < 16)):
-                raise ValueError(f"fused.{key} must be a power of two{' >= 16 (tl.dot)' if grouped else ''}, not {value}")
+            if key.startswith("BLOCK_SIZE_") and (value & (value - 1) or (grouped and value < 16) or value > MAX_TILE):
+                raise ValueError(
+                    f"fused.{key} must be a power of two{' >= 16 (tl.dot)' if grouped else ''} up to {MAX_TILE}, not {value}"
+                )
         if self.tiles["num_warps"] not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"fused.num_warps must be a power of two up to 32, not {self.tiles['num_warps']}")
         if grouped != (self.block_size is not None):
             raise ValueError("a grouped fused plan needs a block_size (rows per program); a per-row one takes none")
-        if grouped and (type(self.block_size) is not int or self.block_size < 16 or self.block_size & (self.block_size - 1)):
-            raise ValueError(f"block_size must be a power of two >= 16, not {self.block_size!r}")
+        if grouped and (
+            type(self.block_size) is not int or self.block_size < 16 or self.block_size & (self.block_size - 1)
+            or self.block_size > MAX_BLOCK_ROWS
+        ):
+            raise ValueError(f"block_size must be a power of two from 16 to {MAX_BLOCK_ROWS}, not {self.block_size!r}")
 
     def spec(self) -> dict:
         """The plan as a table row's JSON ``spec``."""

@@ -175,7 +175,8 @@ class DeviceDenseRunner(DenseLoraRunner):
         """
         if not isinstance(plan, FusedPlan):
             return super().apply(x, base_fn, plan, a=a, b=b, offsets=offsets, all_reduce=all_reduce, **options)
-        given = sorted(name for name, value in options.items() if value not in (None, 0, False))
+        # SGLang's defaults (None, 0, False) mean "not given"; a tensor is always given.
+        given = sorted(name for name, value in options.items() if not (value is None or (type(value) in (bool, int) and not value)))
         if given:
             raise NotImplementedError(f"a fused LoRA plan serves plain linears; it does not take {given}")
         self.set_num_tokens(x.shape[0])
