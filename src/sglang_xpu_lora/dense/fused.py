@@ -70,8 +70,9 @@ class FusedPlan:
     Raises:
         ValueError: an unknown form; a missing or unknown tile key, a tile that is not a positive
             integer, a block size that is not a power of two (at least 16 where ``tl.dot`` takes
-            it: the grouped form's tiles and block), a ``num_warps`` Triton does not take, another
-            overlap; a block size given to the per-row form, or none to the grouped one.
+            it: the grouped form's tiles and block; at most :data:`MAX_TILE`, rows at most
+            :data:`MAX_BLOCK_ROWS`), a ``num_warps`` Triton does not take, another overlap (an
+            ``Overlap`` or its name); a block size given to the per-row form, or none to the grouped one.
     """
 
     form: str = "per_row"
