@@ -15,14 +15,15 @@ tokens: a call takes the row of the smallest measured count at or above its own)
 (the pool rank), and the linear's exact K and N. Calls outside the measured shapes fall through to
 SGLang's table (:class:`~sglang_xpu_lora.dense.plans.PlanTable`).
 
-Candidates (:func:`candidates`, ``--candidates``): decode: overlap ``none`` / ``a`` / ``ab_delta`` x shrink
-grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with ``BLOCK_SIZE_N`` 64/128
-(all-slots: per-row expand only), route block 16; and the fused kernels
+Candidates (:func:`candidates`, ``--candidates``, ``--overlaps``): decode: overlap ``none`` / ``a``
+/ ``ab_delta`` x shrink grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with
+``BLOCK_SIZE_N`` 64/128 (all-slots: per-row expand only), route block 16; and the fused kernels
 (:mod:`sglang_xpu_lora.dense.fused`), overlap ``none`` / ``ab_delta`` x, per row, ``BLOCK_SIZE_N``
 64/128/256 x ``BLOCK_SIZE_K`` 128/256/512 (capped per pool rank: ``shrink_k_tile``) x 4/8 warps,
-grouped (route block 16), ``BLOCK_SIZE_N`` 64/128 x ``BLOCK_SIZE_K`` 64/128 x 4/8 warps (one stage: offline
-sm90 compiles of both kernels had no asynchronous copies to pipeline at 2 or 3); prefill: overlap ``none`` / ``a`` x grouped shrink split-K
-1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
+grouped (route block 16), ``BLOCK_SIZE_N`` 64/128 x ``BLOCK_SIZE_K`` 64/128 x 4/8 warps (one stage:
+offline sm90 compiles of both kernels had no asynchronous copies to pipeline at 2 or 3); 106 in
+all. Prefill: overlap ``none`` / ``a`` x grouped shrink split-K 1/4 x grouped expand
+``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
 
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
     python -m benchmarks.plan_sweep --device xpu --out my.plans.json --compile-jobs 8   # an Intel GPU (examples/xpu/measure.sh)
@@ -45,8 +46,8 @@ Triton compiles each kernel specialisation once (seconds each; hundreds here): `
 is reported and the timed sweep compiles what it left). ``--budget-seconds`` covers both.
 
 Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
-candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under ``--results`` (with the points the budget
-left out, ``points_not_run``, and the compile runs, ``compile_jobs``).
+candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under ``--results`` (with the
+points the budget left out, ``points_not_run``, and the compile runs, ``compile_jobs``).
 """
 
 from __future__ import annotations
