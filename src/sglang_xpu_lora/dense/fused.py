@@ -417,7 +417,7 @@ def fused_grouped_lora(
     a: torch.Tensor,
     b: torch.Tensor,
     out: torch.Tensor,
-    route: RouteView,
+    aligned_route: RouteView,
     *,
     lora_ranks: torch.Tensor,
     scalings: torch.Tensor,
@@ -425,10 +425,10 @@ def fused_grouped_lora(
     tiles: Mapping[str, int],
     add_inplace: bool,
 ) -> torch.Tensor:
-    """:func:`fused_per_row_lora`'s result, one program per block of ``route`` (SGLang's
-    adapter-aligned route: ``route.block_size`` rows of one slot, ``sorted_pair_ids`` the rows,
+    """:func:`fused_per_row_lora`'s result, one program per block of ``aligned_route`` (SGLang's
+    adapter-aligned route: ``block_size`` rows of one slot, ``sorted_pair_ids`` the rows,
     ``block_bucket_ids`` the slot of each block, -1 none; padding rows carry the sentinel
-    ``route.num_rows``) and column tile: the block's shrink ``X_blk @ A[s, p r:(p + 1) r].T`` and its
+    ``num_rows``) and column tile: the block's shrink ``X_blk @ A[s, p r:(p + 1) r].T`` and its
     expand with ``tl.dot`` (fp32 accumulate; the shrink rounded to ``x``'s dtype), so the tokens of
     one adapter share each read of its A and B, as SGLang's grouped shrink and expand do, in one
     launch. ``x``, ``a``, ``b``, ``out``, ``lora_ranks``, ``scalings``, ``geometry``: as for
@@ -440,14 +440,15 @@ def fused_grouped_lora(
         ValueError: as :func:`fused_per_row_lora`.
     """
     max_rank = _checked_rank(a, b, geometry, tiles)
-    if route.num_rows == 0:
+    if aligned_route.num_rows == 0:
         return out
-    capacity = route.sorted_pair_ids.numel()
-    _fused_grouped_kernel[(triton.cdiv(capacity, route.block_size), geometry.num_column_tiles)](
-        x, a, b, out, route.sorted_pair_ids, route.block_bucket_ids, route.num_pairs_post_padded,
-        lora_ranks, scalings, geometry.slice_offsets, geometry.out_offsets, route.num_rows, capacity,
+    rows = aligned_route.sorted_pair_ids
+    capacity = rows.numel()
+    _fused_grouped_kernel[(triton.cdiv(capacity, aligned_route.block_size), geometry.num_column_tiles)](
+        x, a, b, out, rows, aligned_route.block_bucket_ids, aligned_route.num_pairs_post_padded,
+        lora_ranks, scalings, geometry.slice_offsets, geometry.out_offsets, aligned_route.num_rows, capacity,
         *_tensor_arguments(x, a, b, out),
-        BLOCK_SIZE_M=route.block_size,
+        BLOCK_SIZE_M=aligned_route.block_size,
         BLOCK_SIZE_K=int(tiles["BLOCK_SIZE_K"]),
         **_constants(max_rank, max(16, triton.next_power_of_2(max_rank)), geometry, tiles, add_inplace),
     )
