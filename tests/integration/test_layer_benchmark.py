@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import types
 from pathlib import Path
 
@@ -19,33 +20,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.launches
-def test_quick_run_checks_every_path_against_float64(tmp_path):
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+def test_quick_run_through_the_device_script_checks_every_path_against_float64(tmp_path):
+    """The quick run, through the script a device call runs (benchmarks/run_layer_gpu.sh, on CPU
+    here): the run kept under its label, merged, and tarred in the checkout's layout."""
+    out, back = tmp_path / "results", tmp_path / "out"
+    back.mkdir()
+    env = {
+        **os.environ, "SGLANG_USE_CPU_ENGINE": "1", "DEVICE": "cpu", "LABEL": "smoke", "LAYER_OUT": str(out),
+        "OUT": str(back), "PYTHON": sys.executable, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
+    }
+    quick = ["--quick", "--calls", "2", "--rounds", "2", "--prefill-calls", "1", "--prefill-rounds", "2"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.layer",
-            "--quick",
-            "--out",
-            str(tmp_path),
-            "--calls",
-            "2",
-            "--rounds",
-            "2",
-            "--prefill-calls",
-            "1",
-            "--prefill-rounds",
-            "2",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["bash", "benchmarks/run_layer_gpu.sh", "1", *quick],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads((tmp_path / "layer-cpu-quick.json").read_text())
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    kept = out / "layer-cpu-runs" / "layer-cpu-smoke-run1.json"
+    with tarfile.open(back / "layer-smoke.tar") as tar:
+        assert sorted(tar.getnames()) == sorted(
+            str(p).lstrip("/") for p in (kept, *(out / f"layer-cpu.{ext}" for ext in ("json", "md", "png")))
+        )
+    merged = json.loads((out / "layer-cpu.json").read_text())
+    data = json.loads(kept.read_text())
+    assert [r["intel_xpu_portable_us"] for r in merged["rows"]] == [r["intel_xpu_portable_us"] for r in data["rows"]]
     paths = ["base", "torch_native", "intel_xpu_portable", "intel_xpu_box"]
     assert data["paths"] == paths and data["points_not_run"] == 0 and not data["backend_failures"]
     assert [(r["mode"], r["adapters"]) for r in data["rows"]] == [
@@ -64,7 +61,7 @@ def test_quick_run_checks_every_path_against_float64(tmp_path):
     assert data["intel_xpu_providers"]["intel_xpu_portable"]["sgemm_lora_a_fwd"] == "torch / torch"
     # Neither selection gives a linear to SGLang's Triton kernels: no dense tier, no plan table read.
     assert data["intel_xpu_dense"] == {"intel_xpu_portable": None, "intel_xpu_box": None}
-    assert (tmp_path / "layer-cpu-quick.md").read_text().count("\n") >= 5
+    assert (out / "layer-cpu.md").read_text().count("\n") >= 5
 
 
 class Recorder:

@@ -1,0 +1,12 @@
+# Sourced by the device-run scripts (benchmarks/run_plan_gpu.sh, benchmarks/run_layer_gpu.sh) on a GPU
+# machine with torch and Triton but no SGLang: the cp312 wheels in .whl (pydantic, msgspec: docs/performance.md,
+# "Reproducing") installed into /tmp/site, then the carry of benchmarks/prepare_gpu_carry.sh, this checkout's
+# package, its dev-support shims and the benchmarks on PYTHONPATH, one Triton cache in the checkout, and
+# $PYTHON (default python3) the interpreter the scripts run.
+export PYTHON=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PYTHON" -m pip install -q --no-deps --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=.carry/site:src:devsupport/src:.:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
