@@ -23,7 +23,7 @@ STANDINS = REPO / "benchmarks" / "gpu_standins"
 def carry(tmp_path_factory) -> Path:
     site = tmp_path_factory.mktemp("carry") / "site"
     subprocess.run(
-        ["bash", "benchmarks/prepare_gpu_carry.sh", str(site)],
+        ["bash", "benchmarks/prepare_gpu_carry.sh", str(site), "-"],  # no wheels: offline
         cwd=REPO,
         env={**os.environ, "PYTHON": sys.executable},  # this SGLang (the sdist's tests have no .venv)
         check=True,
