@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.launches
 def test_quick_run_through_the_device_script_checks_every_path_against_float64(tmp_path):
     """The quick run, through the script a device call runs (benchmarks/run_layer_gpu.sh, on CPU
-    here): the run kept under its label, merged, and tarred in the checkout's layout."""
+    here), twice as two device calls would: each run kept under its label with its own order,
+    the second counting on from the first, both merged, and tarred in the checkout's layout."""
     out, back = tmp_path / "results", tmp_path / "out"
     back.mkdir()
     env = {
@@ -30,19 +31,24 @@ def test_quick_run_through_the_device_script_checks_every_path_against_float64(t
         "OUT": str(back), "PYTHON": sys.executable, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
     }
     quick = ["--quick", "--calls", "2", "--rounds", "2", "--prefill-calls", "1", "--prefill-rounds", "2"]
-    result = subprocess.run(
-        ["bash", "benchmarks/run_layer_gpu.sh", "1", *quick],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    kept = out / "layer-cpu-runs" / "layer-cpu-smoke-run1.json"
+    for _ in range(2):
+        result = subprocess.run(
+            ["bash", "benchmarks/run_layer_gpu.sh", "1", *quick],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    kept = [out / "layer-cpu-runs" / f"layer-cpu-smoke-run{i}.json" for i in (1, 2)]
     with tarfile.open(back / "layer-smoke.tar") as tar:
         assert sorted(tar.getnames()) == sorted(
-            str(p).lstrip("/") for p in (kept, *(out / f"layer-cpu.{ext}" for ext in ("json", "md", "png")))
+            str(p).lstrip("/") for p in (*kept, *(out / f"layer-cpu.{ext}" for ext in ("json", "md", "png")))
         )
+    runs = [json.loads(k.read_text()) for k in kept]
+    assert [r["order_offset"] for r in runs] == [1, 2]
     merged = json.loads((out / "layer-cpu.json").read_text())
-    data = json.loads(kept.read_text())
-    assert [r["intel_xpu_portable_us"] for r in merged["rows"]] == [r["intel_xpu_portable_us"] for r in data["rows"]]
+    assert [r["intel_xpu_portable_us"] for r in merged["rows"]] == [
+        min(a["intel_xpu_portable_us"], b["intel_xpu_portable_us"]) for a, b in zip(runs[0]["rows"], runs[1]["rows"])
+    ]
+    data = runs[0]
     paths = ["base", "torch_native", "intel_xpu_portable", "intel_xpu_box"]
     assert data["paths"] == paths and data["points_not_run"] == 0 and not data["backend_failures"]
     assert [(r["mode"], r["adapters"]) for r in data["rows"]] == [
