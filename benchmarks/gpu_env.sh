@@ -6,6 +6,8 @@
 export PYTHON=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-deps --target /tmp/site .whl/*.whl
+else
+  echo "[gpu_env] no wheels in .whl: triton_v2 will not run (benchmarks/prepare_gpu_carry.sh downloads them)" >&2
 fi
 export PYTHONPATH=.carry/site:src:devsupport/src:.:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}

@@ -3,7 +3,7 @@
 # (benchmarks/plan_sweep.py, benchmarks/plan_refine.py). Triton's cache is filled by 8 compile-only
 # shards in parallel, then the timed run has the GPU alone, then the table and the results are
 # tarred into $OUT (<module>.tar). ARGS pass to every run.
-# Needs the carry of benchmarks/prepare_gpu_carry.sh and cp312 wheels in .whl (benchmarks/gpu_env.sh).
+# Needs the carry of benchmarks/prepare_gpu_carry.sh (.carry and .whl).
 set -uo pipefail
 module=${1:?plan_sweep or plan_refine}; shift
 case $module in plan_sweep|plan_refine) ;; *) echo "unknown module $module (plan_sweep or plan_refine)" >&2; exit 2 ;; esac
