@@ -2,12 +2,15 @@
 # machine with torch and Triton but no SGLang: the cp312 wheels in .whl (pydantic, msgspec: docs/performance.md,
 # "Reproducing") installed into /tmp/site, then the carry of benchmarks/prepare_gpu_carry.sh, this checkout's
 # package, its dev-support shims and the benchmarks on PYTHONPATH, one Triton cache in the checkout, and
-# $PYTHON (default python3) the interpreter the scripts run.
+# $PYTHON (default python3) the interpreter the scripts run. Without wheels it fails (triton_v2, the peer every
+# figure is measured against, would not run) unless NO_WHEELS_OK=1.
 export PYTHON=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-deps --target /tmp/site .whl/*.whl
-else
-  echo "[gpu_env] no wheels in .whl: triton_v2 will not run (benchmarks/prepare_gpu_carry.sh downloads them)" >&2
+elif [[ ${NO_WHEELS_OK:-} != 1 ]]; then
+  echo "[gpu_env] no wheels in .whl: triton_v2 would not run (benchmarks/prepare_gpu_carry.sh downloads them; carry .whl)," \
+    "or set NO_WHEELS_OK=1" >&2
+  return 1
 fi
 export PYTHONPATH=.carry/site:src:devsupport/src:.:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}

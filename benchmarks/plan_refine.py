@@ -72,11 +72,17 @@ def sweep_ranking(paths: list[Path], phase: str) -> dict:
     """(model, linear, pool rank, tokens) -> the ``phase`` candidates' labels, fastest first, over
     one or more :mod:`benchmarks.plan_sweep` results files (e.g. an earlier full sweep and a sweep
     of new candidates only: their times are merged per point; a label measured twice keeps its
-    faster time). Missing files are skipped."""
+    faster time).
+
+    Raises:
+        FileNotFoundError: a named results file is missing (a sweep's file not brought back from
+            the machine that ran it would otherwise drop its candidates without a word).
+    """
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise FileNotFoundError(f"sweep results not found: {', '.join(missing)} (untar the sweep's plan_sweep.tar here first)")
     times: dict = {}
     for path in paths:
-        if not path.exists():
-            continue
         for entry in json.loads(path.read_text())["points"]:
             p = entry["point"]
             if p["phase"] != phase:
@@ -242,6 +248,10 @@ def main(argv=None) -> None:
                         help="the sweep's results (its rankings); several are merged per point")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args(argv)
+    try:  # before anything is built or measured
+        ranking = sweep_ranking([Path(f) for f in args.sweep], args.phase)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
     if args.quick:
         args.device = "cpu"
     device = torch.device(args.device)
@@ -273,7 +283,7 @@ def main(argv=None) -> None:
         for tokens in ((8,) if args.quick else (args.tokens or (PREFILL_TOKENS if args.phase == "prefill" else DECODE_TOKENS)))
     ]
     shard, shards = (int(v) for v in args.shard.split("/"))
-    ranking, records, started = sweep_ranking([Path(f) for f in args.sweep], args.phase), [], time.perf_counter()
+    records, started = [], time.perf_counter()
     server = None
     for model, rank, tokens in groups[shard::shards]:
         if time.perf_counter() - started > args.budget_seconds:

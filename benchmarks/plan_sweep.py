@@ -45,9 +45,12 @@ Triton compiles each kernel specialisation once (seconds each; hundreds here): `
 ``--compile-jobs n`` starts those ``n`` runs itself, waits for them, then times (a shard that fails
 is reported and the timed sweep compiles what it left). ``--budget-seconds`` covers both.
 
-Writes the table to ``--out`` (default: the shipped table of the device family) and every measured
-candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under ``--results`` (with the
-points the budget left out, ``points_not_run``, and the compile runs, ``compile_jobs``).
+Writes the table to ``--out`` (default: the shipped table of the device family, written whole from
+this sweep's winners: so a sweep of a subset, :func:`partial_sweep`, needs ``--out``, and one the
+budget cut short writes ``plan-sweep-<device>-cut-short.plans.json`` under ``--results`` instead)
+and every measured candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under
+``--results`` (with the points the budget left out, ``points_not_run``, and the compile runs,
+``compile_jobs``).
 """
 
 from __future__ import annotations
@@ -271,6 +274,19 @@ def grid(args) -> list[tuple]:
     return points
 
 
+def partial_sweep(args) -> list[str]:
+    """What makes this run cover less than the shipped table holds (its options naming a subset of
+    the candidates or the grid), as option names; empty for a full sweep. The shipped table is
+    written whole from one sweep's winners, so only a full sweep may write it."""
+    subsets = ("models", "phases", "tokens", "prefill_tokens", "pool_ranks", "overlaps")
+    named = [f"--{name.replace('_', '-')}" for name in subsets if getattr(args, name)]
+    if args.candidates != "all":
+        named.append(f"--candidates {args.candidates}")
+    if args.shard != "0/1":
+        named.append(f"--shard {args.shard}")
+    return named
+
+
 def compile_in_parallel(argv: list[str], jobs: int, budget: float) -> list[dict]:
     """Fill Triton's cache from ``jobs`` processes at once: this run's arguments ``argv`` with
     ``--compile-only --shard i/jobs`` (each starting no point after ``budget`` seconds), as
@@ -336,6 +352,10 @@ def main(argv=None) -> None:
         table = Path(args.out) if args.out else CONFIG_DIR / f"{args.architecture}.plans.json"
         print(f"{use_sglang_plans(table, args.architecture, args.use_sglang_plans)} rows of {table} now SGLang's plans")
         return
+    subset = partial_sweep(args)
+    if subset and not (args.out or args.quick or args.compile_only):
+        parser.error(f"{' '.join(subset)}: a partial sweep would replace the shipped plan table with its winners "
+                     "alone; give --out (plan_refine --sweep ranks its results with a full sweep's)")
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -374,6 +394,9 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"
     if args.quick and not args.out:
         out = Path(args.results) / "plan-sweep-quick.plans.json"
+    elif not_run and not args.out:  # cut short by the budget: its rows would replace the whole table
+        out = Path(args.results) / f"plan-sweep-{device.type}-cut-short.plans.json"
+        print(f"{not_run} points not run: the table goes to {out}, not the shipped one", flush=True)
     rows = table_rows(points)
     out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     for entry in points:  # the winners' specs are in the table: the results keep labels and figures

@@ -2,22 +2,43 @@
 # Layer-benchmark runs as one device call: `LABEL=graph-fused bash benchmarks/run_layer_gpu.sh RUNS [ARGS]` runs
 # `$PYTHON -m benchmarks.layer --device $DEVICE ARGS` RUNS times, each kept as
 # <out>/layer-<device>-runs/layer-<device>-$LABEL-run<i>.json with `--order-offset i` (each run its own order of
-# paths), i counting on from the runs of that label already there (carried from an earlier call), then merges every
-# run of the label point by point (`--best-of`, keeping the points of the modes they did not measure from
-# <out>/layer-<device>.json) into <out>/layer-<device>.{json,md,png}, and tars the label's runs and the merge into
-# $OUT/layer-$LABEL.tar in the checkout's layout (untar it at the repository root). <out>: $LAYER_OUT, default
-# benchmarks/results; DEVICE: default cuda; PYTHON: benchmarks/gpu_env.sh.
+# paths) and a `--budget-seconds` of its share of what is left of CALL_SECONDS (default 540, under the device tool's
+# 600 s a call; overrides one in ARGS). Runs of the label already there (carried back from an earlier call) are
+# an error unless CONTINUE=1, which numbers the new runs on from them. Then every run of the label is merged point
+# by point (`--best-of`, keeping the points of the modes they did not measure from <out>/layer-<device>.json) into
+# <out>/layer-<device>.{json,md,png} (the plot where matplotlib is installed). However the call ends, the label's
+# runs and the merge are tarred into $OUT/layer-$LABEL.tar in the checkout's layout (untar it at the repository
+# root). <out>: $LAYER_OUT, default benchmarks/results; DEVICE: default cuda; PYTHON: benchmarks/gpu_env.sh.
 # Needs the carry of benchmarks/prepare_gpu_carry.sh (.carry and .whl).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 runs=${1:?number of runs}; shift
 device=${DEVICE:-cuda} label=${LABEL:?LABEL names the runs (e.g. graph-fused)} out=${LAYER_OUT:-benchmarks/results}
+: "${OUT:?OUT: the folder that comes back}"
 source benchmarks/gpu_env.sh
-work=$(mktemp -d) start=$(date +%s) kept_as=$out/layer-$device-runs/layer-$device-$label-run
-mkdir -p "$out/layer-$device-runs"
+kept_as=$out/layer-$device-runs/layer-$device-$label-run call=${CALL_SECONDS:-540} start=$(date +%s) work=$(mktemp -d)
 shopt -s nullglob
 earlier_runs=("$kept_as"*.json)
-for i in $(seq $(( ${#earlier_runs[@]} + 1 )) $(( ${#earlier_runs[@]} + runs ))); do
-  "$PYTHON" -m benchmarks.layer --device "$device" --order-offset "$i" --out "$work/run$i" "$@" 2>&1 | tail -n 3
+if (( ${#earlier_runs[@]} )) && [[ ${CONTINUE:-} != 1 ]]; then
+  echo "[layer] ${#earlier_runs[@]} runs of $label are there already (${earlier_runs[0]}...): set CONTINUE=1 to add to" \
+    "them, or name new runs with another LABEL" >&2
+  exit 2
+fi
+mkdir -p "$out/layer-$device-runs"
+bring_back() {
+  local files=() file
+  for file in "$kept_as"*.json "$out/layer-$device".{json,md,png}; do
+    if [[ -e $file ]]; then files+=("$file"); fi
+  done
+  if (( ${#files[@]} )); then tar -cf "$OUT/layer-$label.tar" "${files[@]}"; fi
+  rm -rf "$work"
+}
+trap bring_back EXIT
+first=$(( ${#earlier_runs[@]} + 1 )) last=$(( ${#earlier_runs[@]} + runs ))
+for i in $(seq "$first" "$last"); do
+  budget=$(( (call - ($(date +%s) - start)) / (last - i + 1) - 30 ))
+  "$PYTHON" -m benchmarks.layer --device "$device" --order-offset "$i" --out "$work/run$i" "$@" --budget-seconds "$budget" \
+    2>&1 | tail -n 3
   cp "$work/run$i"/layer-"$device"*.json "$kept_as$i.json"
   echo "[layer] run $i done at $(( $(date +%s) - start )) s"
 done
@@ -25,5 +46,4 @@ kept=("$kept_as"*.json)
 earlier=()
 [[ -f $out/layer-$device.json ]] && earlier=(--keep-other-modes "$out/layer-$device.json")
 "$PYTHON" -m benchmarks.layer --device "$device" --out "$out" --best-of "${kept[@]}" "${earlier[@]}"
-tar -cf "${OUT:?OUT: the folder that comes back}/layer-$label.tar" "${kept[@]}" "$out/layer-$device".{json,md,png}
 echo "[layer] ${#kept[@]} runs of $label merged into $out/layer-$device.json, tarred into $OUT/layer-$label.tar"

@@ -192,8 +192,10 @@ def test_plan_refine_merges_the_rankings_of_several_sweeps(tmp_path):
     old = sweep("old.json", [dict(label="a|x", us=5.0), dict(label="a|y", us=3.0), dict(label="a|z", failed="error")])
     new = sweep("new.json", [dict(label="none|f", us=4.0), dict(label="a|x", us=2.0)])
     other = sweep("prefill.json", [dict(label="none|p", us=1.0)], phase="prefill")
-    ranking = sweep_ranking([old, new, other, tmp_path / "missing.json"], "decode")
+    ranking = sweep_ranking([old, new, other], "decode")
     assert ranking == {("m", "qkv", 16, 1): ["a|x", "a|y", "none|f"]}
+    with pytest.raises(FileNotFoundError, match="missing.json .*untar"):
+        sweep_ranking([old, tmp_path / "missing.json"], "decode")
 
 
 def test_the_sweep_can_try_only_some_overlaps():
@@ -202,3 +204,16 @@ def test_the_sweep_can_try_only_some_overlaps():
     in_order = candidates("decode", families="sglang", overlaps=["none"])
     assert in_order and all(spec["overlap"] == "none" and "fused" not in spec for spec in in_order)
     assert {spec["overlap"] for spec in candidates("decode")} == {"none", "a", "ab_delta"}
+
+
+@pytest.mark.parametrize("subset", [["--candidates", "fused"], ["--tokens", "1", "8"], ["--overlaps", "none"], ["--phases", "decode"]])
+def test_a_partial_sweep_does_not_replace_the_shipped_table(subset, capsys):
+    """Only a full sweep may write the shipped table (it is written whole from the winners): a
+    partial one without --out is refused before it measures anything."""
+    from benchmarks.plan_sweep import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(subset)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert subset[0] in error and "would replace the shipped plan table" in error and "give --out" in error

@@ -23,20 +23,26 @@ REPO = Path(__file__).resolve().parents[2]
 def test_quick_run_through_the_device_script_checks_every_path_against_float64(tmp_path):
     """The quick run, through the script a device call runs (benchmarks/run_layer_gpu.sh, on CPU
     here), twice as two device calls would: each run kept under its label with its own order,
-    the second counting on from the first, both merged, and tarred in the checkout's layout."""
+    the second (CONTINUE=1) counting on from the first, both merged, and tarred in the checkout's
+    layout; a call that would mix its runs with a label's earlier ones unasked is refused."""
     out, back = tmp_path / "results", tmp_path / "out"
     back.mkdir()
     env = {
         **os.environ, "SGLANG_USE_CPU_ENGINE": "1", "DEVICE": "cpu", "LABEL": "smoke", "LAYER_OUT": str(out),
         "OUT": str(back), "PYTHON": sys.executable, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
+        "NO_WHEELS_OK": "1",
     }
     quick = ["--quick", "--calls", "2", "--rounds", "2", "--prefill-calls", "1", "--prefill-rounds", "2"]
-    for _ in range(2):
-        result = subprocess.run(
+    def call(**more):
+        return subprocess.run(
             ["bash", "benchmarks/run_layer_gpu.sh", "1", *quick],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+            cwd=REPO, env={**env, **more}, capture_output=True, text=True, timeout=300,
         )
+
+    for result in (call(), call(CONTINUE="1")):
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    refused = call()
+    assert refused.returncode == 2 and "set CONTINUE=1" in refused.stderr
     kept = [out / "layer-cpu-runs" / f"layer-cpu-smoke-run{i}.json" for i in (1, 2)]
     with tarfile.open(back / "layer-smoke.tar") as tar:
         assert sorted(tar.getnames()) == sorted(
