@@ -826,10 +826,11 @@ def main(argv: Optional[list[str]] = None) -> None:
             measured = {r["mode"] for r in rows}
             kept = [r for r in earlier["rows"] if r["mode"] not in measured]
             rows = [*rows, *kept]
-            extra["runs_of_other_modes"] = list(dict.fromkeys(
-                [*earlier.get("runs", [earlier["machine"].get("date")]), *earlier.get("runs_of_other_modes", [])]
-            ))
-            extra["modes_from_runs"] = sorted(measured)
+            if kept:
+                extra["runs_of_other_modes"] = list(dict.fromkeys(
+                    [*earlier.get("runs", [earlier["machine"].get("date")]), *earlier.get("runs_of_other_modes", [])]
+                ))
+                extra["modes_from_runs"] = sorted(measured)
         write(name, rows, COLUMNS, args.out, extra=extra)
         plot(rows, Path(args.out) / f"{name}.png")
         return

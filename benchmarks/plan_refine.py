@@ -26,7 +26,7 @@ chosen plan that is not the table's becomes that row's spec (name suffixed ``.la
     python -m benchmarks.plan_refine --device cuda --compile-only --shard 0/8   # fill Triton's cache in parallel first
     python -m benchmarks.plan_refine --quick                  # CPU smoke run (interpreter)
 
-Writes ``plan-refine-<device>[-prefill][-quick].json`` under ``--results``: per group the configurations'
+Writes ``plan-refine-<device>[-prefill][-quick][-<label>].json`` under ``--results``: per group the configurations'
 ``intel_xpu`` and ``triton_v2`` layer times before and after, and every evaluation.
 """
 
@@ -247,6 +247,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep", nargs="+", default=[str(RESULTS / "plan-sweep-cuda.json")],
                         help="the sweep's results (its rankings); several are merged per point")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--label", help="names this refinement's results file (so it does not replace an earlier one's)")
     args = parser.parse_args(argv)
     try:  # before anything is built or measured
         ranking = sweep_ranking([Path(f) for f in args.sweep], args.phase)
@@ -304,7 +305,8 @@ def main(argv=None) -> None:
         return
     changed = rewrite_table(table_path, records, models)
     phase = "-prefill" if args.phase == "prefill" else ""
-    results = Path(args.results) / f"plan-refine-{device.type}{phase}{'-quick' if args.quick else ''}.json"
+    suffix = f"{phase}{'-quick' if args.quick else ''}{f'-{args.label}' if args.label else ''}"
+    results = Path(args.results) / f"plan-refine-{device.type}{suffix}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(dict(machine=machine(), args=vars(args), groups=records), indent=1, default=str))
     print(f"{changed} rows of {table_path} rewritten; wrote {results}")

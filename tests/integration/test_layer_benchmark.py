@@ -51,6 +51,7 @@ def test_quick_run_through_the_device_script_checks_every_path_against_float64(t
     runs = [json.loads(k.read_text()) for k in kept]
     assert [r["order_offset"] for r in runs] == [1, 2]
     merged = json.loads((out / "layer-cpu.json").read_text())
+    assert "runs_of_other_modes" not in merged  # the first merge's points were all measured again
     assert [r["intel_xpu_portable_us"] for r in merged["rows"]] == [
         min(a["intel_xpu_portable_us"], b["intel_xpu_portable_us"]) for a, b in zip(runs[0]["rows"], runs[1]["rows"])
     ]
