@@ -6,9 +6,9 @@
 # 600 s a call; overrides one in ARGS). Runs of the label already there (carried back from an earlier call) are
 # an error unless CONTINUE=1, which numbers the new runs on from them. Then every run of the label is merged point
 # by point (`--best-of`, keeping the points of the modes they did not measure from <out>/layer-<device>.json) into
-# <out>/layer-<device>.{json,md,png} (the plot where matplotlib is installed). However the call ends, the label's
-# runs and the merge are tarred into $OUT/layer-$LABEL.tar in the checkout's layout (untar it at the repository
-# root). <out>: $LAYER_OUT, default benchmarks/results; DEVICE: default cuda; PYTHON: benchmarks/gpu_env.sh.
+# <out>/layer-<device>.{json,md,png} (the plot where matplotlib is installed). After each run and however the call
+# ends, the label's runs and the merge are tarred into $OUT/layer-$LABEL.tar in the checkout's layout (untar it at
+# the repository root). <out>: $LAYER_OUT, default benchmarks/results; DEVICE: default cuda; PYTHON: benchmarks/gpu_env.sh.
 # Needs the carry of benchmarks/prepare_gpu_carry.sh (.carry and .whl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,15 +31,15 @@ bring_back() {
     if [[ -e $file ]]; then files+=("$file"); fi
   done
   if (( ${#files[@]} )); then tar -cf "$OUT/layer-$label.tar" "${files[@]}"; fi
-  rm -rf "$work"
 }
-trap bring_back EXIT
+trap 'bring_back; rm -rf "$work"' EXIT
 first=$(( ${#earlier_runs[@]} + 1 )) last=$(( ${#earlier_runs[@]} + runs ))
 for i in $(seq "$first" "$last"); do
   budget=$(( (call - ($(date +%s) - start)) / (last - i + 1) - 30 ))
   "$PYTHON" -m benchmarks.layer --device "$device" --order-offset "$i" --out "$work/run$i" "$@" --budget-seconds "$budget" \
     2>&1 | tail -n 3
   cp "$work/run$i"/layer-"$device"*.json "$kept_as$i.json"
+  bring_back  # each run in $OUT as it ends: a call killed later still brings it back
   echo "[layer] run $i done at $(( $(date +%s) - start )) s"
 done
 kept=("$kept_as"*.json)
