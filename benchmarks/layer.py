@@ -699,7 +699,7 @@ def plot(
     """Graph-captured decode: layer time against tokens, one line per path, base GEMMs shaded as
     the floor; one panel per model."""
     plt = headless_pyplot()
-    if plt is None:
+    if plt is None or not rows:  # no matplotlib, or no point measured (a run its budget cut before the first)
         return
 
     models = [m for m in dict.fromkeys(r["model"] for r in rows)]

@@ -26,7 +26,8 @@ chosen plan that is not the table's becomes that row's spec (name suffixed ``.la
     python -m benchmarks.plan_refine --device cuda --compile-only --shard 0/8   # fill Triton's cache in parallel first
     python -m benchmarks.plan_refine --quick                  # CPU smoke run (interpreter)
 
-Writes ``plan-refine-<device>[-prefill][-quick][-<label>].json`` under ``--results``: per group the configurations'
+Writes ``plan-refine-<device>[-prefill][-quick][-<label> | -cut-short].json`` under ``--results`` (``-cut-short``:
+no ``--label`` and the budget left groups out, ``groups_not_run``): per group the configurations'
 ``intel_xpu`` and ``triton_v2`` layer times before and after, and every evaluation.
 """
 
@@ -36,6 +37,7 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
 import types
 from pathlib import Path
@@ -284,11 +286,13 @@ def main(argv=None) -> None:
         for tokens in ((8,) if args.quick else (args.tokens or (PREFILL_TOKENS if args.phase == "prefill" else DECODE_TOKENS)))
     ]
     shard, shards = (int(v) for v in args.shard.split("/"))
-    records, started = [], time.perf_counter()
+    records, started, not_run = [], time.perf_counter(), 0
     server = None
-    for model, rank, tokens in groups[shard::shards]:
+    todo = groups[shard::shards]
+    for index, (model, rank, tokens) in enumerate(todo):
         if time.perf_counter() - started > args.budget_seconds:
-            print(f"budget spent: stopped before {model.name} rank {rank} tokens {tokens}", flush=True)
+            not_run = len(todo) - index
+            print(f"budget spent: stopped before {model.name} rank {rank} tokens {tokens} ({not_run} groups not run)", flush=True)
             break
         if server is None or (server.model, server.max_rank) != (model, rank):
             server = None
@@ -303,12 +307,15 @@ def main(argv=None) -> None:
               f"({', '.join(f'{k}={v}' for k, v in record['chosen'].items())})", flush=True)
     if args.compile_only:
         return
+    if not records:
+        sys.exit(f"no group refined (budget {args.budget_seconds} s): nothing written")
     changed = rewrite_table(table_path, records, models)
     phase = "-prefill" if args.phase == "prefill" else ""
-    suffix = f"{phase}{'-quick' if args.quick else ''}{f'-{args.label}' if args.label else ''}"
-    results = Path(args.results) / f"plan-refine-{device.type}{suffix}.json"
+    label = f"-{args.label}" if args.label else ("-cut-short" if not_run else "")
+    results = Path(args.results) / f"plan-refine-{device.type}{phase}{'-quick' if args.quick else ''}{label}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(dict(machine=machine(), args=vars(args), groups=records), indent=1, default=str))
+    results.write_text(json.dumps(dict(machine=machine(), args=vars(args), groups=records, groups_not_run=not_run),
+                                  indent=1, default=str))
     print(f"{changed} rows of {table_path} rewritten; wrote {results}")
 
 

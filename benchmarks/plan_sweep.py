@@ -48,9 +48,10 @@ is reported and the timed sweep compiles what it left). ``--budget-seconds`` cov
 Writes the table to ``--out`` (default: the shipped table of the device family, written whole from
 this sweep's winners: so a sweep of a subset, :func:`partial_sweep`, needs ``--out``, and one the
 budget cut short writes ``plan-sweep-<device>-cut-short.plans.json`` under ``--results`` instead)
-and every measured candidate to ``plan-sweep-<device>[-quick][-fused|-sglang].json`` under
-``--results`` (with the points the budget left out, ``points_not_run``, and the compile runs,
-``compile_jobs``).
+and every measured candidate to ``plan-sweep-<device>[-quick][-fused|-sglang][-<label> | -cut-short].json``
+under ``--results`` (``-cut-short``: no ``--label`` and the budget left points out; with those
+points, ``points_not_run``, and the compile runs, ``compile_jobs``). A run that swept no point
+writes nothing and exits non-zero.
 """
 
 from __future__ import annotations
@@ -278,8 +279,10 @@ def partial_sweep(args) -> list[str]:
     """What makes this run cover less than the shipped table holds (its options naming a subset of
     the candidates or the grid), as option names; empty for a full sweep. The shipped table is
     written whole from one sweep's winners, so only a full sweep may write it."""
-    subsets = ("models", "phases", "tokens", "prefill_tokens", "pool_ranks", "overlaps")
-    named = [f"--{name.replace('_', '-')}" for name in subsets if getattr(args, name)]
+    full = dict(models=MODELS, phases=("decode", "prefill"), tokens=DECODE_TOKENS, prefill_tokens=PREFILL_TOKENS,
+                pool_ranks=POOL_RANKS, overlaps=("none", "a", "ab_delta"))
+    named = [f"--{name.replace('_', '-')}" for name, every in full.items()
+             if getattr(args, name) and set(getattr(args, name)) != set(every)]
     if args.candidates != "all":
         named.append(f"--candidates {args.candidates}")
     if args.shard != "0/1":
@@ -344,6 +347,7 @@ def main(argv=None) -> None:
                              "the layer benchmark measured SGLang's plans faster in a whole layer")
     parser.add_argument("--architecture", default="sm90", help="SGLang's table for --use-sglang-plans")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--label", help="names this sweep's results file (so it does not replace an earlier one's)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.use_sglang_plans:
@@ -388,7 +392,10 @@ def main(argv=None) -> None:
     if args.compile_only:
         print(f"compiled and checked {sum(len(p['candidates']) for p in points)} candidates", flush=True)
         return
+    if not points:
+        sys.exit(f"no point swept (budget {args.budget_seconds} s): nothing written")
     suffix = ("-quick" if args.quick else "") + ("" if args.candidates == "all" else f"-{args.candidates}")
+    suffix += f"-{args.label}" if args.label else ("-cut-short" if not_run else "")
     results = Path(args.results) / f"plan-sweep-{device.type}{suffix}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"

@@ -28,6 +28,7 @@ find "$site" -name __pycache__ -prune -exec rm -rf {} +
 echo "[carry] $(du -sh "$site" | cut -f1) in $site"
 wheels=${2:-.whl}
 if [[ $wheels != - ]]; then
+  mkdir -p "$wheels" && rm -f "$wheels"/*.whl  # one version of each: pip refuses two
   mapfile -t pins < <(grep -E '^(pydantic|pydantic-core|annotated-types|typing-inspection|msgspec)==' requirements/lock-sglang-0.5.23-cpu.txt)
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d "$wheels" "${pins[@]}"
   echo "[carry] ${pins[*]} in $wheels"

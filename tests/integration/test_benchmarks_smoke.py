@@ -217,3 +217,16 @@ def test_a_partial_sweep_does_not_replace_the_shipped_table(subset, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert subset[0] in error and "would replace the shipped plan table" in error and "give --out" in error
+
+
+def test_a_sweep_that_spells_out_the_full_grid_is_full():
+    import types
+
+    from benchmarks.plan_sweep import DECODE_TOKENS, partial_sweep
+
+    args = dict(models=None, phases=None, tokens=None, prefill_tokens=None, pool_ranks=None, overlaps=None,
+                candidates="all", shard="0/1")
+    assert partial_sweep(types.SimpleNamespace(**args)) == []
+    spelled = {**args, "phases": ["prefill", "decode"], "tokens": list(DECODE_TOKENS)}
+    assert partial_sweep(types.SimpleNamespace(**spelled)) == []
+    assert partial_sweep(types.SimpleNamespace(**{**spelled, "tokens": [1, 8]})) == ["--tokens"]
