@@ -49,7 +49,7 @@ Writes the table to ``--out`` (default: the shipped table of the device family, 
 this sweep's winners: so a sweep of a subset, :func:`partial_sweep`, needs ``--out``, and one the
 budget cut short writes ``plan-sweep-<device>-cut-short.plans.json`` under ``--results`` instead)
 and every measured candidate to ``plan-sweep-<device>[-quick][-fused|-sglang][-<label> | -cut-short].json``
-under ``--results`` (``-cut-short``: no ``--label`` and the budget left points out; with those
+under ``--results`` (``-cut-short``: no ``--label`` nor ``--out`` and the budget left points out; with those
 points, ``points_not_run``, and the compile runs, ``compile_jobs``). A run that swept no point
 writes nothing and exits non-zero.
 """
@@ -395,7 +395,7 @@ def main(argv=None) -> None:
     if not points:
         sys.exit(f"no point swept (budget {args.budget_seconds} s): nothing written")
     suffix = ("-quick" if args.quick else "") + ("" if args.candidates == "all" else f"-{args.candidates}")
-    suffix += f"-{args.label}" if args.label else ("-cut-short" if not_run else "")
+    suffix += f"-{args.label}" if args.label else ("-cut-short" if not_run and not args.out else "")
     results = Path(args.results) / f"plan-sweep-{device.type}{suffix}.json"
     results.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else CONFIG_DIR / f"{device_family(device)}.plans.json"
