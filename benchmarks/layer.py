@@ -618,6 +618,19 @@ def best_of_runs(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def timing_by_mode(result: dict) -> dict[str, list[int]]:
+    """``{mode: [calls, rounds]}``: how each mode's figures in a result (a run's or a merge's JSON)
+    were timed, back-to-back calls x rounds. A merge records it (its modes can come from runs of
+    different settings); a run's come from its settings, ``prefill_calls`` x ``prefill_rounds`` for
+    prefill and ``calls`` x ``rounds`` for the decode modes."""
+    if "timing_by_mode" in result:
+        return result["timing_by_mode"]
+    return {
+        mode: [result["prefill_calls"], result["prefill_rounds"]] if mode == "prefill" else [result["calls"], result["rounds"]]
+        for mode in dict.fromkeys(r["mode"] for r in result["rows"])
+    }
+
+
 def providers(server: Server) -> dict:
     """What each ``intel_xpu`` path's selection runs per op, eager / graph."""
     out = {}
@@ -821,6 +834,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         name = f"layer-{args.device}"
         extra = {k: v for k, v in runs[0].items() if k != "rows"}  # the GPU machine of the runs
         extra["runs"] = [r.get("machine", {}).get("date") for r in runs]
+        timings = [timing_by_mode(r) for r in runs]
+        if any(t != timings[0] for t in timings):
+            parser.error(f"--best-of merges runs timed alike; these were timed {timings} (calls x rounds per mode)")
+        extra["timing_by_mode"] = timings[0]
         if args.keep_other_modes:  # an earlier result's points of the modes these runs did not measure
             earlier = json.loads(args.keep_other_modes.read_text())
             measured = {r["mode"] for r in rows}
@@ -831,6 +848,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                     [*earlier.get("runs", [earlier["machine"].get("date")]), *earlier.get("runs_of_other_modes", [])]
                 ))
                 extra["modes_from_runs"] = sorted(measured)
+                kept_timing = {m: t for m, t in timing_by_mode(earlier).items() if m in {r["mode"] for r in kept}}
+                extra["timing_by_mode"] = {**timings[0], **kept_timing}
         write(name, rows, COLUMNS, args.out, extra=extra)
         plot(rows, Path(args.out) / f"{name}.png")
         return

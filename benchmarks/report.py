@@ -133,8 +133,13 @@ def layer(data):
         if r.get("best_peer") and r.get("base_us") is not None:
             r["best_peer_overhead_us"] = r["best_peer_us"] - r["base_us"]
     with_lora = [r for r in rows if r["adapters"]]
-    out = [_machine(data) + f"; {data['calls']} back-to-back calls x {data['rounds']} rounds per decode figure "
-           f"({data['prefill_calls']} x {data['prefill_rounds']} prefill), median; every output within "
+    if "timing_by_mode" in data:  # a merge: each mode's figures from runs of their own settings
+        timing = ", ".join(f"{mode} {calls} x {rounds}" for mode, (calls, rounds) in data["timing_by_mode"].items())
+        timing = f"back-to-back calls x rounds per figure: {timing}"
+    else:
+        timing = (f"{data['calls']} back-to-back calls x {data['rounds']} rounds per decode figure "
+                  f"({data['prefill_calls']} x {data['prefill_rounds']} prefill)")
+    out = [_machine(data) + f"; {timing}, median; every output within "
            f"{data.get('tolerance') or 2e-2:g} of float64 unless listed under failures"]
     summary = []
     for mode in ("graph", "eager", "prefill"):

@@ -30,7 +30,7 @@ def test_quick_run_through_the_device_script_checks_every_path_against_float64(t
     env = {
         **os.environ, "SGLANG_USE_CPU_ENGINE": "1", "DEVICE": "cpu", "LABEL": "smoke", "LAYER_OUT": str(out),
         "OUT": str(back), "PYTHON": sys.executable, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
-        "NO_WHEELS_OK": "1",
+        "NO_WHEELS_OK": "1", "WHEELS": str(tmp_path / "no-wheels"),  # not the cp312 wheels of a device carry
     }
     quick = ["--quick", "--calls", "2", "--rounds", "2", "--prefill-calls", "1", "--prefill-rounds", "2"]
     def call(**more):
@@ -349,3 +349,33 @@ def test_best_of_keeps_the_fastest_time_per_path_and_each_runs_clocks():
     assert merged["intel_xpu_runs_spread"] == pytest.approx(15 / 120)
     assert merged["sm_mhz_runs"] == [1980.0, None, 1500.0] and merged["power_capped_runs"] == [0.0, None, 0.9]
     assert "sm_mhz" not in merged
+
+
+def test_a_merge_states_how_each_modes_figures_were_timed(tmp_path):
+    """A merge keeps each mode's calls x rounds: the runs' for the modes they measured, the earlier
+    result's for the modes it keeps, so the report's header names the settings behind every figure
+    (a prefill run of 40 decode calls does not relabel graph figures timed with 30); runs timed
+    differently are not merged into one figure."""
+    from benchmarks.layer import main
+    from benchmarks.report import layer as layer_report
+
+    def result(mode, calls, rounds, prefill_calls=8, prefill_rounds=3, **more):
+        row = dict(model="m", mode=mode, max_rank=16, rank=16, adapters=8, tokens=1, base_us=100.0,
+                   base_spread=0.01, base_error=0.0, intel_xpu_us=120.0, intel_xpu_spread=0.01, intel_xpu_error=1e-3)
+        return {"machine": {"date": "d", "torch": "2", "python": "3", "cpu": "x86_64", "cpu_count": 2}, "calls": calls, "rounds": rounds, "prefill_calls": prefill_calls,
+                "prefill_rounds": prefill_rounds, "rows": [row], **more}
+
+    def write(name, data):
+        (tmp_path / name).write_text(json.dumps(data))
+        return str(tmp_path / name)
+
+    earlier = write("earlier.json", {**result("graph", 30, 5), "timing_by_mode": {"graph": [30, 5], "eager": [30, 5]}})
+    runs = [write(f"run{i}.json", result("prefill", 40, 5, prefill_rounds=3)) for i in (1, 2)]
+    main(["--device", "cpu", "--out", str(tmp_path / "merged"), "--best-of", *runs, "--keep-other-modes", earlier])
+    merged = json.loads((tmp_path / "merged" / "layer-cpu.json").read_text())
+    assert merged["timing_by_mode"] == {"prefill": [8, 3], "graph": [30, 5]}  # eager: no point of it was kept
+    assert "graph 30 x 5" in layer_report(merged) and "40" not in layer_report(merged).split("\n")[0]
+
+    unlike = write("run3.json", result("prefill", 40, 5, prefill_rounds=5))
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--out", str(tmp_path / "other"), "--best-of", runs[0], unlike])
