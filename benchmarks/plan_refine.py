@@ -70,11 +70,13 @@ class ChosenPlans:
         return self.table.plan_for(kind, phase, tokens, max_rank, in_features, out_features)
 
 
-def sweep_ranking(paths: list[Path], phase: str) -> dict:
+def sweep_ranking(paths: list[Path], phase: str, labels: Optional[set] = None) -> dict:
     """(model, linear, pool rank, tokens) -> the ``phase`` candidates' labels, fastest first, over
     one or more :mod:`benchmarks.plan_sweep` results files (e.g. an earlier full sweep and a sweep
     of new candidates only: their times are merged per point; a label measured twice keeps its
-    faster time).
+    faster time). With ``labels`` (the candidates this run can try), only those: the others (a
+    retired kernel's, e.g. the grouped fused kernel's in ``plan-sweep-cuda-fused.json``) are left
+    out, with a note.
 
     Raises:
         FileNotFoundError: a named results file is missing (a sweep's file not brought back from
@@ -93,6 +95,12 @@ def sweep_ranking(paths: list[Path], phase: str) -> dict:
             for c in entry["candidates"]:
                 if "us" in c:
                     point[c["label"]] = min(c["us"], point.get(c["label"], float("inf")))
+    if labels is not None:
+        left_out = sorted({label for point in times.values() for label in point} - labels)
+        if left_out:
+            print(f"note: {len(left_out)} swept candidates are not this run's (retired, or another candidate set's), "
+                  f"e.g. {left_out[0]}: not tried", flush=True)
+        times = {key: {label: us for label, us in point.items() if label in labels} for key, point in times.items()}
     return {key: sorted(point, key=point.get) for key, point in times.items()}
 
 
@@ -252,7 +260,8 @@ def main(argv=None) -> None:
     parser.add_argument("--label", help="names this refinement's results file (so it does not replace an earlier one's)")
     args = parser.parse_args(argv)
     try:  # before anything is built or measured
-        ranking = sweep_ranking([Path(f) for f in args.sweep], args.phase)
+        ranking = sweep_ranking([Path(f) for f in args.sweep], args.phase,
+                                {spec_label(spec) for spec in candidates(args.phase, args.quick)})
     except FileNotFoundError as exc:
         parser.error(str(exc))
     if args.quick:

@@ -17,13 +17,12 @@ SGLang's table (:class:`~sglang_xpu_lora.dense.plans.PlanTable`).
 
 Candidates (:func:`candidates`, ``--candidates``, ``--overlaps``): decode: overlap ``none`` / ``a``
 / ``ab_delta`` x shrink grouped split-K 4/8/16, per-row, all-slots x expand grouped or per-row with
-``BLOCK_SIZE_N`` 64/128 (all-slots: per-row expand only), route block 16; and the fused kernels
-(:mod:`sglang_xpu_lora.dense.fused`), overlap ``none`` / ``ab_delta`` x, per row, ``BLOCK_SIZE_N``
-64/128/256 x ``BLOCK_SIZE_K`` 128/256/512 (capped per pool rank: ``shrink_k_tile``) x 4/8 warps,
-grouped (route block 16), ``BLOCK_SIZE_N`` 64/128 x ``BLOCK_SIZE_K`` 64/128 x 4/8 warps (one stage:
-offline sm90 compiles of both kernels had no asynchronous copies to pipeline at 2 or 3); 106 in
-all. Prefill: overlap ``none`` / ``a`` x grouped shrink split-K 1/4 x grouped expand
-``BLOCK_SIZE_N`` 64/128 x route block 32/64/128.
+``BLOCK_SIZE_N`` 64/128 (all-slots: per-row expand only), route block 16; and the fused per-row
+kernel (:mod:`sglang_xpu_lora.dense.fused`), overlap ``none`` / ``ab_delta`` x ``BLOCK_SIZE_N``
+64/128/256 x ``BLOCK_SIZE_K`` 128/256/512 (capped per pool rank: ``shrink_k_tile``) x 4/8 warps (one
+stage: offline sm90 compiles had no asynchronous copies to pipeline at 2 or 3); 90 in all. Prefill:
+overlap ``none`` / ``a`` x grouped shrink split-K 1/4 x grouped expand ``BLOCK_SIZE_N`` 64/128 x
+route block 32/64/128.
 
     python -m benchmarks.plan_sweep --device cuda                       # H200: writes configs/sm90.plans.json
     python -m benchmarks.plan_sweep --device xpu --out my.plans.json --compile-jobs 8   # an Intel GPU (examples/xpu/measure.sh)
@@ -32,7 +31,7 @@ all. Prefill: overlap ``none`` / ``a`` x grouped shrink split-K 1/4 x grouped ex
     bash benchmarks/run_plan_gpu.sh plan_sweep                          # on the H200: compile in parallel, then time
     python -m benchmarks.plan_sweep --use-sglang-plans decode:16:8 decode:64:1:llama-3.1-8b   # rows where a layer run preferred SGLang's
     python -m benchmarks.plan_sweep --candidates fused --phases decode --tokens 1 8 32 --out /tmp/fused.plans.json
-        # the fused kernels alone, ranked in plan-sweep-cuda-fused.json (--overlaps: only some overlaps); then, in
+        # the fused kernel alone, ranked in plan-sweep-cuda-fused.json (--overlaps: only some overlaps); then, in
         # whole layers against the shipped table, with the full sweep's ranking merged in:
     python -m benchmarks.plan_refine --tokens 1 8 32 --sweep benchmarks/results/plan-sweep-cuda.json benchmarks/results/plan-sweep-cuda-fused.json
 
@@ -83,7 +82,7 @@ POOL_RANKS = (64, 16)
 
 def candidates(phase: str, quick: bool = False, families: str = "all", overlaps=None) -> list[dict]:
     """Plan specs (JSON values) tried at a point of ``phase``: ``DensePlan`` fields (SGLang's
-    kernels) and, in decode, the fused kernels' (:class:`~sglang_xpu_lora.dense.fused.FusedPlan`);
+    kernels) and, in decode, the fused per-row kernel's (:class:`~sglang_xpu_lora.dense.fused.FusedPlan`);
     ``families``: ``all``, ``sglang`` or ``fused`` (only those); ``overlaps``: only the plans of
     these overlaps (names; None: every one)."""
     specs = []
@@ -110,16 +109,13 @@ def candidates(phase: str, quick: bool = False, families: str = "all", overlaps=
         for overlap, block_n, block_k, warps in itertools.product(("none", "ab_delta"), (64, 128, 256), (128, 256, 512), (4, 8)):
             tiles = {"BLOCK_SIZE_N": block_n, "BLOCK_SIZE_K": block_k, "num_warps": warps, "num_stages": 1}
             fused.append(dict(fused="per_row", tiles=tiles, overlap=overlap))
-        for overlap, block_n, block_k, warps in itertools.product(("none", "ab_delta"), (64, 128), (64, 128), (4, 8)):
-            tiles = {"BLOCK_SIZE_N": block_n, "BLOCK_SIZE_K": block_k, "num_warps": warps, "num_stages": 1}
-            fused.append(dict(fused="grouped", tiles=tiles, block_size=16, overlap=overlap))
     if quick:  # the interpreter: small tiles, a few of each family
         small = {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 1}
         specs = [
             {**s, "block_size": 16, "a_tiles": {**small, **{k: v for k, v in s["a_tiles"].items() if k == "SPLIT_K"}}, "b_tiles": small}
             for s in specs[:: max(1, len(specs) // 4)]
         ]
-        firsts = [next(spec for spec in fused if spec["fused"] == form) for form in ("per_row", "grouped")] if fused else []
+        firsts = [next(spec for spec in fused if spec["overlap"] == overlap) for overlap in ("none", "ab_delta")] if fused else []
         fused = [{**spec, "tiles": {**spec["tiles"], "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16}} for spec in firsts]
     chosen = {"all": specs + fused, "sglang": specs, "fused": fused}[families]
     return [spec for spec in chosen if overlaps is None or spec["overlap"] in overlaps]
@@ -127,9 +123,9 @@ def candidates(phase: str, quick: bool = False, families: str = "all", overlaps=
 
 def spec_label(spec: dict) -> str:
     if "fused" in spec:
-        tiles, block = spec["tiles"], f"|block{spec['block_size']}" if "block_size" in spec else ""
+        tiles = spec["tiles"]
         return (f"{spec['overlap']}|fused:{spec['fused']}/n{tiles['BLOCK_SIZE_N']}/k{tiles['BLOCK_SIZE_K']}"
-                f"/w{tiles['num_warps']}/s{tiles['num_stages']}{block}")
+                f"/w{tiles['num_warps']}/s{tiles['num_stages']}")
     split = spec["a_tiles"].get("SPLIT_K", 1)
     return (
         f"{spec['overlap']}|A:{spec['a_family']}{f'/sk{split}' if split > 1 else ''}"
@@ -326,7 +322,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prefill-tokens", nargs="*", type=int, help=f"prefill token counts (default {PREFILL_TOKENS})")
     parser.add_argument("--pool-ranks", nargs="*", type=int, help=f"pool ranks (default {POOL_RANKS})")
     parser.add_argument("--candidates", choices=("all", "sglang", "fused"), default="all",
-                        help="which plans to try: every family, SGLang's kernels only, or the fused kernels only (decode)")
+                        help="which plans to try: every family, SGLang's kernels only, or the fused per-row kernel only (decode)")
     parser.add_argument("--overlaps", nargs="+", choices=("none", "a", "ab_delta"),
                         help="only the candidates of these overlaps (default: every one)")
     parser.add_argument("--real-rank", type=int, default=16, help="the adapters' rank (capped at the pool rank)")

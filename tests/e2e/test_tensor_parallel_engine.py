@@ -52,7 +52,7 @@ PROVIDERS = {
     "portable": {"SGLANG_XPU_LORA_KERNELS": "torch"},
     "native": {"SGLANG_XPU_LORA_KERNELS": "native", kernel_emulator.BUILD_ENV: "full"},
     # The dense tier for every batch's linears: one collective of base + LoRA per row-parallel linear;
-    # decode batches on the fused kernels (gate_up grouped beside the GEMM, the others per row:
+    # decode batches on the fused per-row kernel (gate_up beside the GEMM, the others after it:
     # fused_decode.plans.json), prefill on SGLang's plans.
     "dense": {
         "SGLANG_XPU_LORA_KERNELS": "triton", "TRITON_INTERPRET": "1", "SGLANG_XPU_LORA_EAGER_DENSE_MIN_TOKENS": "1",

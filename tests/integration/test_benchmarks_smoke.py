@@ -198,6 +198,31 @@ def test_plan_refine_merges_the_rankings_of_several_sweeps(tmp_path):
         sweep_ranking([old, tmp_path / "missing.json"], "decode")
 
 
+def test_plan_refine_leaves_out_the_retired_candidates_of_the_committed_sweeps(capsys):
+    """The committed fused sweep also ranks the retired grouped fused kernel: plan_refine over it
+    (``--sweep benchmarks/results/plan-sweep-cuda{,-fused,-sglang}.json``) notes and leaves out
+    those candidates, and builds every alternative of every point, however many it tries."""
+    import types
+
+    import torch
+
+    from benchmarks.common import MODELS, RESULTS
+    from benchmarks.plan_refine import alternatives, sweep_ranking
+    from benchmarks.plan_sweep import candidates, spec_label
+
+    from sglang_xpu_lora.dense.plans import PlanTable
+
+    labels = {spec_label(spec) for spec in candidates("decode")}
+    paths = [RESULTS / f"plan-sweep-cuda{suffix}.json" for suffix in ("", "-fused", "-sglang")]
+    ranking = sweep_ranking(paths, "decode", labels)
+    assert "fused:grouped" in capsys.readouterr().out
+    assert ranking and all(set(ranked) <= labels for ranked in ranking.values())
+    args = types.SimpleNamespace(phase="decode", quick=False, top=len(labels), architecture="sm90")
+    table = PlanTable(torch.device("cpu"), "default", rows=[])
+    for model, linear, pool_rank, tokens in ranking:
+        assert alternatives(MODELS[model], linear, pool_rank, tokens, table, ranking, args)
+
+
 def test_the_sweep_can_try_only_some_overlaps():
     from benchmarks.plan_sweep import candidates
 

@@ -5,37 +5,32 @@ shrink (``lora_a``: ``x @ A[slot, :r].T`` into a bridge) and the expand (``lora_
 bridge @ B[slot, :, :r].T`` into the output), and overlaps the shrink with the base GEMM on a side
 stream. In graph-captured decode on an H200 that costs, per linear, the expand after the GEMM (3-4
 µs), a cross-stream wait (1-2 µs) and a shrink slowed by sharing the SMs with the GEMM (profile in
-docs/performance.md). The kernels here do both in one launch, with no bridge in memory:
+docs/performance.md). :func:`fused_per_row_lora` does both in one launch, with no bridge in memory:
+one program per (token, output column tile), as SGLang's per-row expand is gridded. Each computes
+its token's shrink for the one slice its columns belong to (``r`` dot products of length K, from
+the token's own slot only) and multiplies it into its columns of B. No route. Every column tile of
+a token re-reads that token's ``r x K`` block of A (from L2 after the first), so it pays only where
+tokens x K x r are small.
 
-* :func:`fused_per_row_lora`: one program per (token, output column tile), as SGLang's per-row
-  expand is gridded. Each computes its token's shrink for the one slice its columns belong to
-  (``r`` dot products of length K, from the token's own slot only) and multiplies it into its
-  columns of B. No route. Every column tile of a token re-reads that token's ``r x K`` block of A
-  (from L2 after the first), so it pays only where tokens x K x r are small.
-* :func:`fused_grouped_lora`: one program per (block of SGLang's adapter-aligned route, column
-  tile), as SGLang's grouped expand is gridded: the block's rows share one slot, so one read of the
-  slot's A block serves them all (``tl.dot``); for decode batches with several tokens per adapter.
-
-Both round the shrink to the activations' dtype (as a bridge in that dtype, and PEFT, round it).
-A plan table row chooses one (:class:`FusedPlan`);
+It rounds the shrink to the activations' dtype (as a bridge in that dtype, and PEFT, round it).
+A plan table row chooses it (:class:`FusedPlan`);
 :meth:`sglang_xpu_lora.dense.runner.DeviceDenseRunner.apply` runs it.
 
 The math is the per-token LoRA of S-LoRA/Punica's BGMV (Chen et al., "Punica: Multi-Tenant LoRA
-Serving", 2023: one gather-matrix-vector product per token and adapter) and, grouped, of their
-SGMV, at the slot's real rank over SGLang's packed pool layout: slice ``s`` of a rank-``r`` slot
-is A rows ``[s r, (s + 1) r)`` and B's first ``r`` columns of the slice's rows.
+Serving", 2023: one gather-matrix-vector product per token and adapter), at the slot's real rank
+over SGLang's packed pool layout: slice ``s`` of a rank-``r`` slot is A rows ``[s r, (s + 1) r)``
+and B's first ``r`` columns of the slice's rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping
 
 import torch
 import triton
 import triton.language as tl
 from sglang.kernels.ops.lora.common.lora_b import SliceGeometry, _slice_of_tile
-from sglang.kernels.ops.lora.common.route_view import RouteView
 from sglang.srt.lora.dense.plan import Overlap
 
 #: The tile keys of a fused plan (all positive integers; the block sizes powers of two).
@@ -44,35 +39,30 @@ TILE_KEYS = ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages")
 #: or on the side stream into a delta added after the GEMM (``ab_delta``). SGLang's ``a`` overlaps
 #: a separate shrink, which a fused plan does not have.
 FUSED_OVERLAPS = (Overlap.NONE, Overlap.AB_DELTA)
-#: The largest column tile and K step a plan may name, and the grouped form's largest block of
-#: rows: a tile's values times the pool rank must stay under Triton's 2**20 elements per tensor,
-#: at ``--max-lora-rank`` up to 512 (larger tiles fail to compile, at the first call that needs them).
+#: The largest column tile and K step a plan may name: a tile's values times the pool rank must
+#: stay under Triton's 2**20 elements per tensor, at ``--max-lora-rank`` up to 512 (larger tiles
+#: fail to compile, at the first call that needs them).
 MAX_TILE = 1024
-MAX_BLOCK_ROWS = 256
-#: The fused kernels: one program per token and column tile (:func:`fused_per_row_lora`), or per
-#: block of the adapter-aligned route and column tile (:func:`fused_grouped_lora`).
-FUSED_FORMS = ("per_row", "grouped")
+#: The fused kernel forms a plan may name: one program per token and column tile (:func:`fused_per_row_lora`).
+FUSED_FORMS = ("per_row",)
 
 
 @dataclasses.dataclass(frozen=True)
 class FusedPlan:
     """A plan row's choice of a fused kernel for a linear (the project's addition to SGLang's
-    ``plans.json`` schema: ``"spec": {"fused": "per_row" | "grouped", "tiles": {...},
-    "block_size": 16 (grouped only), "overlap": "none" | "ab_delta"}``).
+    ``plans.json`` schema: ``"spec": {"fused": "per_row", "tiles": {...}, "overlap": "none" |
+    "ab_delta"}``).
 
     Attributes:
-        form: ``per_row`` (:func:`fused_per_row_lora`) or ``grouped`` (:func:`fused_grouped_lora`).
+        form: ``per_row`` (:func:`fused_per_row_lora`), the one of :data:`FUSED_FORMS`.
         overlap: ``Overlap.NONE`` or ``Overlap.AB_DELTA`` (:data:`FUSED_OVERLAPS`).
         tiles: ``BLOCK_SIZE_N`` (output columns per program), ``BLOCK_SIZE_K`` (input columns per
             step of the shrink), ``num_warps``, ``num_stages``.
-        block_size: the grouped form's rows per program (the aligned route's block); None for per-row.
 
     Raises:
         ValueError: an unknown form; a missing or unknown tile key, a tile that is not a positive
-            integer, a block size that is not a power of two (at least 16 where ``tl.dot`` takes
-            it: the grouped form's tiles and block; at most :data:`MAX_TILE`, rows at most
-            :data:`MAX_BLOCK_ROWS`), a ``num_warps`` Triton does not take, another overlap (an
-            ``Overlap`` or its name); a block size given to the per-row form, or none to the grouped one.
+            integer, a block size that is not a power of two (at most :data:`MAX_TILE`), a
+            ``num_warps`` Triton does not take, another overlap (an ``Overlap`` or its name).
     """
 
     form: str = "per_row"
@@ -80,7 +70,6 @@ class FusedPlan:
     tiles: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {"BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "num_warps": 4, "num_stages": 1}
     )
-    block_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.form not in FUSED_FORMS:
@@ -94,30 +83,17 @@ class FusedPlan:
             raise ValueError(f"a fused plan overlaps as {allowed}, not {self.overlap.value!r}")
         if set(self.tiles) != set(TILE_KEYS):
             raise ValueError(f"fused tiles need exactly {list(TILE_KEYS)}, got {sorted(self.tiles)}")
-        grouped = self.form == "grouped"
         for key, value in self.tiles.items():
             if type(value) is not int or value <= 0:
                 raise ValueError(f"fused.{key} must be a positive integer, not {value!r}")
-            if key.startswith("BLOCK_SIZE_") and (value & (value - 1) or (grouped and value < 16) or value > MAX_TILE):
-                raise ValueError(
-                    f"fused.{key} must be a power of two{' >= 16 (tl.dot)' if grouped else ''} up to {MAX_TILE}, not {value}"
-                )
+            if key.startswith("BLOCK_SIZE_") and (value & (value - 1) or value > MAX_TILE):
+                raise ValueError(f"fused.{key} must be a power of two up to {MAX_TILE}, not {value}")
         if self.tiles["num_warps"] not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"fused.num_warps must be a power of two up to 32, not {self.tiles['num_warps']}")
-        if grouped != (self.block_size is not None):
-            raise ValueError("a grouped fused plan needs a block_size (rows per program); a per-row one takes none")
-        if grouped and (
-            type(self.block_size) is not int or self.block_size < 16 or self.block_size & (self.block_size - 1)
-            or self.block_size > MAX_BLOCK_ROWS
-        ):
-            raise ValueError(f"block_size must be a power of two from 16 to {MAX_BLOCK_ROWS}, not {self.block_size!r}")
 
     def spec(self) -> dict:
         """The plan as a table row's JSON ``spec``."""
-        spec = {"fused": self.form, "tiles": dict(self.tiles), "overlap": self.overlap.value}
-        if self.block_size is not None:
-            spec["block_size"] = self.block_size
-        return spec
+        return {"fused": self.form, "tiles": dict(self.tiles), "overlap": self.overlap.value}
 
 
 @triton.jit
@@ -226,94 +202,6 @@ def _fused_per_row_kernel(
     tl.store(out_ptrs, lora.to(out_ptr.dtype.element_ty), mask=n_live)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "sorted_capacity"])
-def _fused_grouped_kernel(
-    x_ptr,
-    a_ptr,
-    b_ptr,
-    out_ptr,
-    sorted_pair_ids_ptr,
-    block_bucket_ids_ptr,
-    num_pairs_post_padded_ptr,
-    lora_ranks_ptr,
-    scalings_ptr,
-    slice_offsets_ptr,
-    out_offsets_ptr,
-    num_pairs,
-    sorted_capacity,
-    in_features,
-    stride_xm,
-    stride_xk,
-    stride_as,
-    stride_ar,
-    stride_ak,
-    stride_bs,
-    stride_bn,
-    stride_br,
-    stride_om,
-    stride_on,
-    RANK: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    NUM_SLICES: tl.constexpr,
-    UNIFORM_WIDTH: tl.constexpr,
-    OUT_STRIDE: tl.constexpr,
-    FULL_TILES: tl.constexpr,
-    ADD_INPLACE: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    if pid_m * BLOCK_SIZE_M >= tl.load(num_pairs_post_padded_ptr):
-        return
-    slot = tl.load(block_bucket_ids_ptr + pid_m)
-    if slot < 0:  # a block of rows without an adapter
-        return
-    slot = slot.to(tl.int64)
-    rank = tl.load(lora_ranks_ptr + slot).to(tl.int32)
-    if rank == 0:
-        return
-    pair_slots = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
-    rows = tl.load(sorted_pair_ids_ptr + pair_slots, mask=pair_slots < sorted_capacity, other=num_pairs).to(tl.int64)
-    row_live = rows < num_pairs  # the block's padding rows carry the sentinel num_pairs
-    slice_id, n_offsets, n_start, width, out_start = _column_tile(
-        slice_offsets_ptr, out_offsets_ptr, tl.program_id(1), NUM_SLICES, UNIFORM_WIDTH, OUT_STRIDE, BLOCK_SIZE_N
-    )
-
-    # Shrink: the block's rows (one slot: the route's bucket) against the slice's r rows of A.
-    r_offsets = tl.arange(0, BLOCK_R)
-    r_live = r_offsets < rank
-    a_cols = a_ptr + slot * stride_as + (slice_id * rank + r_offsets).to(tl.int64)[None, :] * stride_ar
-    x_rows = x_ptr + rows[:, None] * stride_xm
-    shrink = tl.zeros((BLOCK_SIZE_M, BLOCK_R), dtype=tl.float32)
-    for k_begin in range(0, in_features, BLOCK_SIZE_K):
-        k_offsets = k_begin + tl.arange(0, BLOCK_SIZE_K)
-        k_live = k_offsets < in_features
-        x_block = tl.load(x_rows + k_offsets[None, :] * stride_xk, mask=row_live[:, None] & k_live[None, :], other=0.0)
-        a_block = tl.load(a_cols + k_offsets[:, None] * stride_ak, mask=k_live[:, None] & r_live[None, :], other=0.0)
-        shrink += tl.dot(x_block, a_block.to(x_block.dtype), out_dtype=tl.float32)
-    # Round as a bridge in the activations' dtype (SGLang's) and PEFT's lora_A output do.
-    shrink = shrink.to(x_ptr.dtype.element_ty)
-
-    # Expand: the shrink times the tile's columns of B (first r columns), scaled.
-    if FULL_TILES:
-        n_live = tl.full((BLOCK_SIZE_N,), 1, tl.int1)
-    else:
-        n_live = n_offsets < width
-    b_block = tl.load(
-        b_ptr + slot * stride_bs + (n_start + n_offsets)[None, :] * stride_bn + r_offsets[:, None] * stride_br,
-        mask=n_live[None, :] & (r_offsets < RANK)[:, None],
-        other=0.0,
-    )
-    b_block = tl.where(r_live[:, None], b_block, 0.0)  # select, not multiply (see the per-row kernel)
-    lora = tl.dot(shrink, b_block.to(shrink.dtype), out_dtype=tl.float32) * tl.load(scalings_ptr + slot).to(tl.float32)
-    out_ptrs = out_ptr + rows[:, None] * stride_om + (out_start + n_offsets)[None, :] * stride_on
-    out_mask = row_live[:, None] & n_live[None, :]
-    if ADD_INPLACE:
-        lora += tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptrs, lora.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
 #: The most fp32 values of the shrink's A tile (``BLOCK_R x BLOCK_SIZE_K``) per thread.
 A_TILE_VALUES_PER_THREAD = 32
 
@@ -326,38 +214,6 @@ def shrink_k_tile(block_k: int, block_r: int, num_warps: int) -> int:
     registers with 64 values per thread (a 64 x 128 tile on 4 warps); with 32, no tile of the plan
     sweep's did."""
     return max(16, min(block_k, A_TILE_VALUES_PER_THREAD * 32 * num_warps // block_r))
-
-
-def _checked_rank(a: torch.Tensor, b: torch.Tensor, geometry: SliceGeometry, tiles: Mapping[str, int]) -> int:
-    """The pool rank (B's last dimension), after the checks both fused launchers make.
-
-    Raises:
-        ValueError: the geometry's column tile differs from ``tiles``, or A does not hold one rank
-            block per slice.
-    """
-    if geometry.block_size_n != tiles["BLOCK_SIZE_N"]:
-        raise ValueError("fused BLOCK_SIZE_N must match its slice geometry")
-    max_rank = b.shape[2]
-    if a.shape[1] != geometry.num_slices * max_rank:
-        raise ValueError(f"LoRA-A holds {a.shape[1]} rows, not {geometry.num_slices} slices x rank {max_rank}")
-    return max_rank
-
-
-def _tensor_arguments(x, a, b, out) -> tuple:
-    """The kernels' common trailing arguments: K, then the strides of x, A, B and out."""
-    return (
-        x.shape[1], x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2),
-        b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
-    )
-
-
-def _constants(max_rank: int, block_r: int, geometry: SliceGeometry, tiles: Mapping[str, int], add_inplace: bool) -> dict:
-    """The kernels' common compile-time arguments and launch options."""
-    return dict(
-        RANK=max_rank, BLOCK_R=block_r, NUM_SLICES=geometry.num_slices, UNIFORM_WIDTH=geometry.uniform_width,
-        OUT_STRIDE=geometry.out_stride, FULL_TILES=geometry.full_tiles, ADD_INPLACE=add_inplace,
-        BLOCK_SIZE_N=int(tiles["BLOCK_SIZE_N"]), num_warps=int(tiles["num_warps"]), num_stages=int(tiles["num_stages"]),
-    )
 
 
 def fused_per_row_lora(
@@ -399,57 +255,22 @@ def fused_per_row_lora(
         ValueError: the geometry's column tile differs from ``tiles``, or A does not hold one rank
             block per slice.
     """
-    max_rank = _checked_rank(a, b, geometry, tiles)
+    if geometry.block_size_n != tiles["BLOCK_SIZE_N"]:
+        raise ValueError("fused BLOCK_SIZE_N must match its slice geometry")
+    max_rank = b.shape[2]
+    if a.shape[1] != geometry.num_slices * max_rank:
+        raise ValueError(f"LoRA-A holds {a.shape[1]} rows, not {geometry.num_slices} slices x rank {max_rank}")
     if x.shape[0] == 0:
         return out
     block_r = triton.next_power_of_2(max_rank)
+    warps = int(tiles["num_warps"])
     _fused_per_row_kernel[(x.shape[0], geometry.num_column_tiles)](
         x, a, b, out, token_slots, lora_ranks, scalings, geometry.slice_offsets, geometry.out_offsets,
-        *_tensor_arguments(x, a, b, out),
-        BLOCK_SIZE_K=shrink_k_tile(int(tiles["BLOCK_SIZE_K"]), block_r, int(tiles["num_warps"])),
-        **_constants(max_rank, block_r, geometry, tiles, add_inplace),
-    )
-    return out
-
-
-def fused_grouped_lora(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor,
-    aligned_route: RouteView,
-    *,
-    lora_ranks: torch.Tensor,
-    scalings: torch.Tensor,
-    geometry: SliceGeometry,
-    tiles: Mapping[str, int],
-    add_inplace: bool,
-) -> torch.Tensor:
-    """:func:`fused_per_row_lora`'s result, one program per block of ``aligned_route`` (SGLang's
-    adapter-aligned route: ``block_size`` rows of one slot, ``sorted_pair_ids`` the rows,
-    ``block_bucket_ids`` the slot of each block, -1 none; padding rows carry the sentinel
-    ``num_rows``) and column tile: the block's shrink ``X_blk @ A[s, p r:(p + 1) r].T`` and its
-    expand with ``tl.dot`` (fp32 accumulate; the shrink rounded to ``x``'s dtype), so the tokens of
-    one adapter share each read of its A and B, as SGLang's grouped shrink and expand do, in one
-    launch. ``x``, ``a``, ``b``, ``out``, ``lora_ranks``, ``scalings``, ``geometry``: as for
-    :func:`fused_per_row_lora`; ``tiles``: ``BLOCK_SIZE_N`` and ``BLOCK_SIZE_K`` at least 16.
-
-    Returns ``out``.
-
-    Raises:
-        ValueError: as :func:`fused_per_row_lora`.
-    """
-    max_rank = _checked_rank(a, b, geometry, tiles)
-    if aligned_route.num_rows == 0:
-        return out
-    rows = aligned_route.sorted_pair_ids
-    capacity = rows.numel()
-    _fused_grouped_kernel[(triton.cdiv(capacity, aligned_route.block_size), geometry.num_column_tiles)](
-        x, a, b, out, rows, aligned_route.block_bucket_ids, aligned_route.num_pairs_post_padded,
-        lora_ranks, scalings, geometry.slice_offsets, geometry.out_offsets, aligned_route.num_rows, capacity,
-        *_tensor_arguments(x, a, b, out),
-        BLOCK_SIZE_M=aligned_route.block_size,
-        BLOCK_SIZE_K=int(tiles["BLOCK_SIZE_K"]),
-        **_constants(max_rank, max(16, triton.next_power_of_2(max_rank)), geometry, tiles, add_inplace),
+        x.shape[1], x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2),
+        b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
+        RANK=max_rank, BLOCK_R=block_r, NUM_SLICES=geometry.num_slices, UNIFORM_WIDTH=geometry.uniform_width,
+        OUT_STRIDE=geometry.out_stride, FULL_TILES=geometry.full_tiles, ADD_INPLACE=add_inplace,
+        BLOCK_SIZE_N=int(tiles["BLOCK_SIZE_N"]), BLOCK_SIZE_K=shrink_k_tile(int(tiles["BLOCK_SIZE_K"]), block_r, warps),
+        num_warps=warps, num_stages=int(tiles["num_stages"]),
     )
     return out

@@ -4,12 +4,12 @@ A plan is SGLang 0.5.23's ``DensePlan`` (``srt/lora/dense/plan.py``): the shrink
 (``grouped`` split-K, ``per_row``, ``all_slots``), the expand family (``grouped``, ``per_row``), the
 overlap with the base GEMM (``none``, ``a``, ``ab_delta``), the route's block size and the tiles;
 or the project's :class:`~sglang_xpu_lora.dense.fused.FusedPlan` (shrink and expand in one kernel,
-per token or per block of rows of one adapter, for decode). A table is a JSON file in SGLang's ``plans.json`` schema:
+per token, for decode). A table is a JSON file in SGLang's ``plans.json`` schema:
 ``{"rows": [row, ...]}``, each row ``{"name", "phase", "kinds", "max_tokens", "max_rank",
 "min_in_features", "max_in_features", "min_out_features", "max_out_features", "spec"}`` (every
 selector optional; ``spec`` as ``DensePlan``'s fields, or, the one addition to SGLang's schema,
-``{"fused": "per_row" | "grouped", "tiles": {"BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps",
-"num_stages"}, "block_size": rows per program (grouped only), "overlap": "none" | "ab_delta"}``),
+``{"fused": "per_row", "tiles": {"BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages"},
+"overlap": "none" | "ab_delta"}``),
 and the first row whose selectors all match wins. The selectors: phase
 (``decode``/``prefill``; TARGET_VERIFY runs as prefill), kind (``linear``; ``embedding`` and
 ``lm_head`` are served by the per-op tier), tokens of the call (``max_tokens``), the pool's rank
@@ -79,15 +79,15 @@ def plan_from_spec(spec: dict) -> Union[DensePlan, FusedPlan]:
             plan's overlap ``none`` or ``ab_delta``, ...).
     """
     if "fused" in spec:
-        unknown = set(spec) - {"fused", "tiles", "block_size", "overlap"}
-        if unknown:
-            raise ValueError(f"a fused spec takes 'fused', 'tiles', 'block_size' and 'overlap', not {sorted(unknown)}")
         if not isinstance(spec.get("tiles"), dict):
             raise ValueError("a fused spec needs 'tiles', an object")
-        return FusedPlan(
-            form=spec["fused"], overlap=Overlap(spec.get("overlap", "none")), tiles=dict(spec["tiles"]),
-            block_size=spec.get("block_size"),
-        )
+        # The form before the keys: a row of the retired grouped form (with its block_size) is
+        # refused naming the forms that remain.
+        plan = FusedPlan(form=spec["fused"], overlap=Overlap(spec.get("overlap", "none")), tiles=dict(spec["tiles"]))
+        unknown = set(spec) - {"fused", "tiles", "overlap"}
+        if unknown:
+            raise ValueError(f"a fused spec takes 'fused', 'tiles' and 'overlap', not {sorted(unknown)}")
+        return plan
     unknown = set(spec) - {"a_family", "b_family", "overlap", "block_size", "a_tiles", "b_tiles"}
     if unknown:
         raise ValueError(f"unknown spec keys {sorted(unknown)}")

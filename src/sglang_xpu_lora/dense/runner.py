@@ -18,9 +18,8 @@ for a row-parallel linear at TP > 1. What it replaces, so that it runs off CUDA 
   detection and overlap on every device with streams.
 
 And what it adds: a plan row may name :class:`~sglang_xpu_lora.dense.fused.FusedPlan`, the shrink
-and expand of a linear in one kernel, per token or per block of the aligned route
-(:mod:`sglang_xpu_lora.dense.fused`), which :meth:`DeviceDenseRunner.apply` runs after the base
-GEMM or beside it into a delta.
+and expand of a linear in one kernel, per token (:mod:`sglang_xpu_lora.dense.fused`), which
+:meth:`DeviceDenseRunner.apply` runs after the base GEMM or beside it into a delta.
 
 Per batch, :meth:`DeviceDenseRunner.begin_lora_batch` maps each token to its adapter slot (-1: no
 adapter, or rank 0) from SGLang's request view of the batch (``seg_indptr``, ``weight_indices``,
@@ -39,7 +38,7 @@ from sglang.srt.lora.dense.plan import BFamily, DensePlan, Overlap
 from sglang.srt.lora.dense.runner import Bridge, DenseLoraRunner
 from sglang.srt.lora.utils import LoRABatchInfo, Phase
 
-from sglang_xpu_lora.dense.fused import FusedPlan, fused_grouped_lora, fused_per_row_lora
+from sglang_xpu_lora.dense.fused import FusedPlan, fused_per_row_lora
 from sglang_xpu_lora.dense.geometry import SliceGeometries
 from sglang_xpu_lora.dense.plans import PlanTable
 from sglang_xpu_lora.dense.workspace import DeviceLoraWorkspace
@@ -159,9 +158,9 @@ class DeviceDenseRunner(DenseLoraRunner):
     def apply(self, x: torch.Tensor, base_fn, plan, *, a: torch.Tensor, b: torch.Tensor, offsets: tuple, all_reduce=None, **options) -> torch.Tensor:
         """Base output plus LoRA for one linear: SGLang's ``DenseLoraRunner.apply`` for a
         ``DensePlan``; for a :class:`~sglang_xpu_lora.dense.fused.FusedPlan`, its fused kernel
-        (:mod:`sglang_xpu_lora.dense.fused`; the grouped one on the batch's aligned route) after
-        ``base_fn()`` into its output (overlap ``none``), or on the side stream into a zeroed delta
-        that is added after the base GEMM (``ab_delta``, as SGLang's ``ab_delta`` adds its delta).
+        (:mod:`sglang_xpu_lora.dense.fused`) after ``base_fn()`` into its output (overlap ``none``),
+        or on the side stream into a zeroed delta that is added after the base GEMM (``ab_delta``, as
+        SGLang's ``ab_delta`` adds its delta).
 
         ``x``: ``(tokens, K)``; ``a``: ``(slots, slices * max_rank, K)``; ``b``: ``(slots,
         offsets[-1], max_rank)``; ``offsets``: host ints, the output slices' bounds; ``all_reduce``:
@@ -183,10 +182,8 @@ class DeviceDenseRunner(DenseLoraRunner):
         geometry = self.geometries.get(tuple(offsets), int(plan.tiles["BLOCK_SIZE_N"]), b.device)
 
         def lora_into(out: torch.Tensor, add_inplace: bool) -> torch.Tensor:
-            rows = self.route(plan.block_size) if plan.form == "grouped" else self.token_slots
-            kernel = fused_grouped_lora if plan.form == "grouped" else fused_per_row_lora
-            return kernel(
-                x, a, b, out, rows, lora_ranks=self.lora_ranks, scalings=self.scalings,
+            return fused_per_row_lora(
+                x, a, b, out, self.token_slots, lora_ranks=self.lora_ranks, scalings=self.scalings,
                 geometry=geometry, tiles=plan.tiles, add_inplace=add_inplace,
             )
 

@@ -134,7 +134,7 @@ _COMMON_OPS = "sglang.kernels.ops.lora.common."
 SLICE_GEOMETRY = _COMMON_OPS + "lora_b.SliceGeometry"
 GROUPED_LORA_B = _COMMON_OPS + "lora_b.grouped_lora_b"
 PER_ROW_LORA_B = _COMMON_OPS + "lora_b.per_row_lora_b"
-SLICE_OF_TILE = _COMMON_OPS + "lora_b._slice_of_tile"  # a Triton helper the fused kernels call (dense/fused.py)
+SLICE_OF_TILE = _COMMON_OPS + "lora_b._slice_of_tile"  # a Triton helper the fused kernel calls (dense/fused.py)
 BUILD_ROUTE = _COMMON_OPS + "routing.build_route"
 ROUTE_VIEW = _COMMON_OPS + "route_view.RouteView"
 ROUTE_VIEW_KIND = _COMMON_OPS + "route_view.RouteViewKind"
@@ -286,7 +286,6 @@ REQUIRED_ATTRIBUTES = {
     DENSE_B_FAMILY: ("GROUPED",),
     # The fused per-row kernel (dense/fused.py): its overlaps, and the slice geometry it launches on.
     DENSE_OVERLAP: ("NONE", "AB_DELTA"),
-    ROUTE_VIEW: ("num_rows", "block_size", "sorted_pair_ids", "block_bucket_ids", "num_pairs_post_padded"),
     SLICE_GEOMETRY: (
         "slice_offsets", "out_offsets", "num_slices", "num_column_tiles", "uniform_width", "out_stride", "full_tiles",
         "block_size_n",
