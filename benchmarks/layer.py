@@ -618,16 +618,24 @@ def best_of_runs(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def timing_by_mode(result: dict) -> dict[str, list[int]]:
-    """``{mode: [calls, rounds]}``: how each mode's figures in a result (a run's or a merge's JSON)
-    were timed, back-to-back calls x rounds. A merge records it (its modes can come from runs of
-    different settings); a run's come from its settings, ``prefill_calls`` x ``prefill_rounds`` for
-    prefill and ``calls`` x ``rounds`` for the decode modes."""
+def timing_by_mode(result: dict) -> dict[str, Optional[dict]]:
+    """``{mode: {"calls", "rounds", "order"}}``: how each mode's figures in a result (a run's or a
+    merge's JSON) were timed: back-to-back calls x rounds, and the order of the paths in a round
+    (``williams``: :func:`benchmarks.common.balanced_orders`; ``rotated``: by one per round, the
+    order of the runs from before it). A merge records it (its modes can come from runs of other
+    settings); a run's come from its settings, ``prefill_calls`` x ``prefill_rounds`` for prefill
+    and ``calls`` x ``rounds`` for the decode modes. A merge from before merges recorded it gives
+    None per mode: its top-level settings are its first run's, not those behind each mode."""
     if "timing_by_mode" in result:
         return result["timing_by_mode"]
+    modes = dict.fromkeys(r["mode"] for r in result["rows"])
+    if "runs" in result:
+        return dict.fromkeys(modes)
+    order = result.get("order", "rotated")
     return {
-        mode: [result["prefill_calls"], result["prefill_rounds"]] if mode == "prefill" else [result["calls"], result["rounds"]]
-        for mode in dict.fromkeys(r["mode"] for r in result["rows"])
+        mode: {"calls": result["prefill_calls"], "rounds": result["prefill_rounds"], "order": order} if mode == "prefill"
+        else {"calls": result["calls"], "rounds": result["rounds"], "order": order}
+        for mode in modes
     }
 
 
@@ -834,10 +842,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         name = f"layer-{args.device}"
         extra = {k: v for k, v in runs[0].items() if k != "rows"}  # the GPU machine of the runs
         extra["runs"] = [r.get("machine", {}).get("date") for r in runs]
-        timings = [timing_by_mode(r) for r in runs]
-        if any(t != timings[0] for t in timings):
-            parser.error(f"--best-of merges runs timed alike; these were timed {timings} (calls x rounds per mode)")
-        extra["timing_by_mode"] = timings[0]
+        timing: dict = {}  # per mode: the runs that measured it were timed alike, or they are not merged
+        for path, run_timing in zip(args.best_of, map(timing_by_mode, runs)):
+            for mode, settings in run_timing.items():
+                if timing.setdefault(mode, settings) != settings:
+                    parser.error(f"--best-of: {path} timed {mode} as {settings}, an earlier run as {timing[mode]}; "
+                                 "a point's best of runs compares runs timed alike")
+        extra["timing_by_mode"] = timing
         if args.keep_other_modes:  # an earlier result's points of the modes these runs did not measure
             earlier = json.loads(args.keep_other_modes.read_text())
             measured = {r["mode"] for r in rows}
@@ -849,7 +860,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 ))
                 extra["modes_from_runs"] = sorted(measured)
                 kept_timing = {m: t for m, t in timing_by_mode(earlier).items() if m in {r["mode"] for r in kept}}
-                extra["timing_by_mode"] = {**timings[0], **kept_timing}
+                extra["timing_by_mode"] = {**timing, **kept_timing}
         write(name, rows, COLUMNS, args.out, extra=extra)
         plot(rows, Path(args.out) / f"{name}.png")
         return

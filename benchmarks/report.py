@@ -134,7 +134,10 @@ def layer(data):
             r["best_peer_overhead_us"] = r["best_peer_us"] - r["base_us"]
     with_lora = [r for r in rows if r["adapters"]]
     if "timing_by_mode" in data:  # a merge: each mode's figures from runs of their own settings
-        timing = ", ".join(f"{mode} {calls} x {rounds}" for mode, (calls, rounds) in data["timing_by_mode"].items())
+        timing = ", ".join(
+            f"{mode} {t['calls']} x {t['rounds']} ({t['order']} order)" if t else f"{mode} not recorded"
+            for mode, t in data["timing_by_mode"].items()
+        )
         timing = f"back-to-back calls x rounds per figure: {timing}"
     else:
         timing = (f"{data['calls']} back-to-back calls x {data['rounds']} rounds per decode figure "

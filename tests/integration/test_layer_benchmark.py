@@ -352,30 +352,43 @@ def test_best_of_keeps_the_fastest_time_per_path_and_each_runs_clocks():
 
 
 def test_a_merge_states_how_each_modes_figures_were_timed(tmp_path):
-    """A merge keeps each mode's calls x rounds: the runs' for the modes they measured, the earlier
-    result's for the modes it keeps, so the report's header names the settings behind every figure
-    (a prefill run of 40 decode calls does not relabel graph figures timed with 30); runs timed
-    differently are not merged into one figure."""
+    """A merge keeps each mode's calls x rounds and order of paths: the runs' for the modes they
+    measured, the earlier result's for the modes it keeps, so the report's header names the
+    settings behind every figure (a prefill run of 40 decode calls does not relabel graph figures
+    timed with 30). Runs of different modes merge; two runs timing one mode differently do not; a
+    merge from before the record says its modes' settings are not recorded rather than guess."""
     from benchmarks.layer import main
     from benchmarks.report import layer as layer_report
 
-    def result(mode, calls, rounds, prefill_calls=8, prefill_rounds=3, **more):
+    def result(mode, calls=30, rounds=5, prefill_rounds=3, **more):
         row = dict(model="m", mode=mode, max_rank=16, rank=16, adapters=8, tokens=1, base_us=100.0,
                    base_spread=0.01, base_error=0.0, intel_xpu_us=120.0, intel_xpu_spread=0.01, intel_xpu_error=1e-3)
-        return {"machine": {"date": "d", "torch": "2", "python": "3", "cpu": "x86_64", "cpu_count": 2}, "calls": calls, "rounds": rounds, "prefill_calls": prefill_calls,
-                "prefill_rounds": prefill_rounds, "rows": [row], **more}
+        return {"machine": {"date": "d", "torch": "2", "python": "3", "cpu": "x86_64", "cpu_count": 2}, "calls": calls,
+                "rounds": rounds, "prefill_calls": 8, "prefill_rounds": prefill_rounds, "rows": [row], **more}
 
     def write(name, data):
         (tmp_path / name).write_text(json.dumps(data))
         return str(tmp_path / name)
 
-    earlier = write("earlier.json", {**result("graph", 30, 5), "timing_by_mode": {"graph": [30, 5], "eager": [30, 5]}})
-    runs = [write(f"run{i}.json", result("prefill", 40, 5, prefill_rounds=3)) for i in (1, 2)]
-    main(["--device", "cpu", "--out", str(tmp_path / "merged"), "--best-of", *runs, "--keep-other-modes", earlier])
-    merged = json.loads((tmp_path / "merged" / "layer-cpu.json").read_text())
-    assert merged["timing_by_mode"] == {"prefill": [8, 3], "graph": [30, 5]}  # eager: no point of it was kept
-    assert "graph 30 x 5" in layer_report(merged) and "40" not in layer_report(merged).split("\n")[0]
+    def merge(out, *runs, keep=None):
+        main(["--device", "cpu", "--out", str(tmp_path / out), "--best-of", *runs,
+              *(["--keep-other-modes", keep] if keep else [])])
+        return json.loads((tmp_path / out / "layer-cpu.json").read_text())
 
-    unlike = write("run3.json", result("prefill", 40, 5, prefill_rounds=5))
+    graph, eager = write("graph.json", result("graph", order="williams")), write("eager.json", result("eager"))
+    earlier = merge("earlier", graph, eager)  # runs of different modes: each mode its own settings
+    assert earlier["timing_by_mode"] == {"graph": {"calls": 30, "rounds": 5, "order": "williams"},
+                                         "eager": {"calls": 30, "rounds": 5, "order": "rotated"}}
+    runs = [write(f"prefill{i}.json", result("prefill", calls=40, order="williams")) for i in (1, 2)]
+    merged = merge("merged", *runs, keep=str(tmp_path / "earlier" / "layer-cpu.json"))
+    assert merged["timing_by_mode"] == {"prefill": {"calls": 8, "rounds": 3, "order": "williams"}, **earlier["timing_by_mode"]}
+    header = layer_report(merged).split("\n")[0]
+    assert "graph 30 x 5 (williams order)" in header and "prefill 8 x 3" in header and "40" not in header
+
+    unlike = write("prefill3.json", result("prefill", calls=40, prefill_rounds=5, order="williams"))
     with pytest.raises(SystemExit):
-        main(["--device", "cpu", "--out", str(tmp_path / "other"), "--best-of", runs[0], unlike])
+        merge("refused", runs[0], unlike)
+    old_merge = {**json.loads((tmp_path / "earlier" / "layer-cpu.json").read_text()), "runs": ["d", "d"]}
+    del old_merge["timing_by_mode"]
+    kept = merge("onto-an-old-merge", *runs, keep=write("old-merge.json", old_merge))
+    assert kept["timing_by_mode"]["graph"] is None and "graph not recorded" in layer_report(kept)

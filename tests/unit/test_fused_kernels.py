@@ -351,9 +351,11 @@ def test_a_bad_overlap_name_raises_value_error():
     ],
     ids=["per_row_block_k_2e17", "per_row_block_n_2e21"],
 )
-def test_a_spec_no_kernel_can_build_is_refused_when_the_table_is_read(spec):
-    """Tiles past Triton's 2**20-element tensor limit are refused by ``plan_from_spec`` (so when
-    the table is read, naming file and row), not at every call the row matches, inside Triton."""
+def test_a_tile_past_the_largest_is_refused_when_the_table_is_read(spec):
+    """Tiles past ``MAX_TILE`` are refused by ``plan_from_spec`` (so when the table is read, naming
+    file and row): a column tile that large passes Triton's 2**20-element tensor limit and would
+    fail inside Triton at every call the row matches; the K step, though capped per pool rank by
+    the kernel (``shrink_k_tile``), is held to the same bound, so a table names only tiles it runs."""
     from sglang_xpu_lora.dense.plans import plan_from_spec
 
     with pytest.raises(ValueError, match="up to"):
